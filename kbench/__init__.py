@@ -1,0 +1,3 @@
+"""kbench: grade custom kernels that replace PyTorch modules (KernelBench format)."""
+
+__version__ = "0.1.0"

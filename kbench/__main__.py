@@ -1,0 +1,5 @@
+import sys
+
+from kbench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,148 @@
+"""Command line: ``kbench grade``, ``kbench list``, ``kbench new``.
+
+Exit status: 0 when grading ran, whatever the verdicts; 2 when kbench could not grade (bad
+arguments, a malformed task, no such files, no CUDA device for --device cuda).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from kbench import __version__, paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return 2
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print("kbench: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kbench", description="Grade custom GPU kernels that "
+                                     "replace PyTorch modules (KernelBench format).")
+    parser.add_argument("--version", action="version", version=f"kbench {__version__}")
+    sub = parser.add_subparsers(title="commands")
+
+    grade = sub.add_parser("grade", help="build, check, time and rank submissions")
+    grade.add_argument("paths", nargs="+", help="submission files, or folders of them (*.py)")
+    grade.add_argument("--task", help="task name or YAML path (default: from the file names' "
+                       "prefix, e.g. l2norm_v1.py -> tasks/l2norm.yaml)")
+    grade.add_argument("--device", choices=["cpu", "cuda"],
+                       help="where to run (default: cuda when a GPU is visible, else cpu)")
+    grade.add_argument("--out", type=Path, help="report folder (default: the checkout's reports/)")
+    grade.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                       help="parallel builds (default: half the cores)")
+    grade.add_argument("--seed", type=int, help="run seed; shapes and values follow from it "
+                       "(default: a fresh one, printed and recorded)")
+    grade.add_argument("--case", type=int, action="append", dest="cases", metavar="K",
+                       help="run only correctness case K (repeatable) and skip timing; "
+                       "with --seed this reproduces a reported failure")
+    grade.add_argument("--cache-dir", type=Path, help="build cache (default: $KBENCH_CACHE_DIR "
+                       "or ~/.cache/kbench)")
+    grade.add_argument("--cuda-arch", help="TORCH_CUDA_ARCH_LIST for builds (default: the GPU's, "
+                       "else $TORCH_CUDA_ARCH_LIST, else 9.0)")
+    grade.set_defaults(run=_grade)
+
+    listing = sub.add_parser("list", help="show tasks and bundled submissions")
+    listing.set_defaults(run=_list)
+
+    new = sub.add_parser("new", help="write a load_inline skeleton submission to fill in")
+    new.add_argument("task", help="task name, e.g. l2norm")
+    new.add_argument("name", help="submission name, e.g. v5 -> l2norm_v5.py")
+    new.add_argument("--dir", type=Path, default=None,
+                     help="where to write it (default: kbench/submissions)")
+    new.set_defaults(run=_new)
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"kbench: {message}", file=sys.stderr)
+    return 2
+
+
+def _grade(args: argparse.Namespace) -> int:
+    import torch
+
+    from kbench import report
+    from kbench.discovery import DiscoveryError, find_submissions, task_of
+    from kbench.grader import Grader, Options
+    from kbench.task import TaskError, load_task
+
+    if args.jobs < 1:
+        return _fail("--jobs must be at least 1")
+    try:
+        submissions = find_submissions(args.paths)
+        task = load_task(args.task or task_of(submissions))
+    except (DiscoveryError, TaskError) as exc:
+        return _fail(str(exc))
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        return _fail("--device cuda: no CUDA device is visible to torch here")
+    seed = args.seed if args.seed is not None else secrets.randbits(31)
+    options = Options(device=device, out_dir=(args.out or paths.default_reports_dir()).resolve(),
+                      cache_dir=(args.cache_dir or paths.default_cache_dir()).resolve(),
+                      jobs=args.jobs, seed=seed, case_indices=args.cases,
+                      cuda_arch=args.cuda_arch)
+    print(f"kbench {__version__}: task {task.name}, {len(submissions)} submission(s), "
+          f"device {device}, seed {seed}", flush=True)
+    try:
+        grader = Grader(task, options, say=lambda line: print(line, flush=True))
+    except ValueError as exc:
+        return _fail(str(exc))
+    total = len(submissions)
+    done = iter(range(1, total + 1))
+    run = grader.grade(submissions, on_result=lambda r: print(
+        report.progress_line(r, next(done), total), flush=True))
+    board, data = report.write(run, options.out_dir)
+    print()
+    print(report.leaderboard(run))
+    print(f"wrote {board} and {data}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from kbench.task import available_tasks
+
+    print(f"tasks ({paths.tasks_dir()}):")
+    for name in available_tasks():
+        print(f"  {name}")
+    print(f"submissions ({paths.submissions_dir()}):")
+    for path in sorted(paths.submissions_dir().glob("*.py")):
+        doc = _first_doc_line(path)
+        print(f"  {path.stem}" + (f"  - {doc}" if doc else ""))
+    return 0
+
+
+def _first_doc_line(path: Path) -> str:
+    """The module docstring's first line, read as text (submissions are never imported)."""
+    import ast
+
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+    except (SyntaxError, ValueError, OSError):
+        return ""
+    return doc.strip().splitlines()[0] if doc else ""
+
+
+def _new(args: argparse.Namespace) -> int:
+    from kbench import scaffold
+    from kbench.task import TaskError, load_task
+
+    try:
+        task = load_task(args.task)
+        path = scaffold.create(task, args.name, args.dir or paths.submissions_dir())
+    except (TaskError, ValueError, FileExistsError) as exc:
+        return _fail(str(exc))
+    print(f"wrote {path}; fill in the kernel, then: kbench grade {path}")
+    return 0

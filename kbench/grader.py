@@ -1,0 +1,286 @@
+"""The trusted side of grading: build, check, time, decide. It never imports a submission.
+
+One submission's path through this file: ``_build`` (its own process and build folder, in
+parallel with the others) -> ``_evaluate``: a fresh process imports it, ``_check`` feeds it each
+case and compares its output with the reference computed here afterwards, ``_time`` times it
+shape by shape -> a Verdict and a SubmissionResult. The reference is timed by ``_time_reference``
+in a process that never saw a candidate, with the same stopwatch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import torch
+
+from kbench import __version__, environment, scan, stats
+from kbench import verdict as verdicts
+from kbench.build import build_dir, find_toolchain
+from kbench.cases import Case, plan_cases, select
+from kbench.compare import compare
+from kbench.discovery import Submission
+from kbench.results import Benchmark, RunResult, SubmissionResult
+from kbench.sandbox import Sandbox, SandboxFailure, child_env
+from kbench.task import Task
+from kbench.verdict import Status, Verdict
+
+
+@dataclass(frozen=True)
+class Options:
+    device: str
+    out_dir: Path
+    cache_dir: Path
+    jobs: int
+    seed: int
+    case_indices: list[int] | None = None  # only these cases, and no timing
+    cuda_arch: str | None = None
+
+
+@dataclass(frozen=True)
+class _Built:
+    verdict: Verdict | None
+    seconds: float
+
+
+class _Stop(Exception):
+    """Grading of one submission ends here with ``verdict``."""
+
+    def __init__(self, verdict: Verdict, failure: dict | None = None) -> None:
+        super().__init__(verdict.reason)
+        self.verdict = verdict
+        self.failure = failure
+
+
+class Grader:
+    def __init__(self, task: Task, options: Options,
+                 say: Callable[[str], None] = lambda line: None) -> None:
+        self.task = task
+        self.opts = options
+        self.say = say
+        self.device = torch.device(options.device)
+        self.reference = task.reference_module()
+        self.init_args = list(self.reference.get_init_inputs())
+        self.ref_model = self.reference.Model(*self.init_args).to(self.device).eval()
+        self.toolchain = find_toolchain(options.cuda_arch)
+        self.cases = select(plan_cases(task, options.seed), options.case_indices)
+        self.timed = options.case_indices is None
+        self.logs = options.out_dir / "logs"
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def grade(self, submissions: list[Submission],
+              on_result: Callable[[SubmissionResult], None] = lambda r: None) -> RunResult:
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.say(f"building {len(submissions)} submission(s), {self.opts.jobs} at a time")
+        with ThreadPoolExecutor(max_workers=self.opts.jobs) as pool:
+            built = dict(zip(submissions, pool.map(self._build, submissions)))
+        notes = []
+        reference: list[Benchmark] = []
+        if self.timed:
+            self.say(f"timing the reference on {len(self.task.benchmarks[self.device.type])} "
+                     "shape(s)")
+            reference = self._time_reference()
+        else:
+            notes.append("timing skipped: --case selects correctness cases only")
+        results = []
+        for sub in submissions:
+            result = self._evaluate(sub, built[sub], reference)
+            on_result(result)
+            results.append(result)
+        return RunResult(kbench_version=__version__, task=self.task.name, seed=self.opts.seed,
+                         started=started, notes=notes,
+                         environment=environment.describe(self.device.type, self.toolchain),
+                         reference=reference, submissions=results)
+
+    # -- build -----------------------------------------------------------------------------
+
+    def _build(self, sub: Submission) -> _Built:
+        """Import the submission once in its own process: this compiles its extensions."""
+        if scan.needs_cuda(sub.path.read_text(errors="replace")) and not self.toolchain.cuda_home:
+            return _Built(Verdict(Status.SKIPPED, "compiles CUDA code and no CUDA toolkit was "
+                                  "found here (set CUDA_HOME to one with bin/nvcc)"), 0.0)
+        start = time.monotonic()
+        try:
+            with self._sandbox(f"{sub.name}.build.log", self._build_env(sub)) as box:
+                self._call(box, self._load_request(sub, instantiate=False),
+                           self.task.limits.build_s, "build")
+        except _Stop as stop:
+            return _Built(stop.verdict, time.monotonic() - start)
+        return _Built(None, time.monotonic() - start)
+
+    def _build_env(self, sub: Submission) -> dict[str, str]:
+        folder = build_dir(self.opts.cache_dir, sub.path, self.toolchain)
+        folder.mkdir(parents=True, exist_ok=True)
+        cores = max(1, (psutil.cpu_count() or 1) // self.opts.jobs)
+        return child_env({**self.toolchain.env(), "TORCH_EXTENSIONS_DIR": str(folder),
+                          "MAX_JOBS": str(cores)})
+
+    # -- evaluate --------------------------------------------------------------------------
+
+    def _evaluate(self, sub: Submission, built: _Built,
+                  reference: list[Benchmark]) -> SubmissionResult:
+        source = sub.path.read_bytes()
+        result = SubmissionResult(
+            name=sub.name, path=str(sub.path), sha256=hashlib.sha256(source).hexdigest(),
+            status=Status.OK, cases_total=len(self.cases),
+            flags=scan.flags(source.decode(errors="replace")), build_s=round(built.seconds, 2),
+            logs=[str(self.logs / f"{sub.name}.build.log")])
+        verdict = built.verdict
+        if verdict is None and self.device.type == "cpu" and scan.needs_cuda(
+                source.decode(errors="replace")):
+            verdict = Verdict(Status.SKIPPED, f"built with nvcc {self.toolchain.nvcc_version} "
+                              f"for CUDA arch {self.toolchain.arch_list}; needs a CUDA device to run")
+        if verdict is None:
+            result.logs.append(str(self.logs / f"{sub.name}.run.log"))
+            try:
+                with self._sandbox(f"{sub.name}.run.log", self._build_env(sub)) as box:
+                    self._call(box, self._load_request(sub, instantiate=True),
+                               self.task.limits.load_s, "load")
+                    self._check(box, sub, result)
+                    if self.timed:
+                        self._time(box, result, reference)
+                verdict = Verdict(Status.OK)
+            except _Stop as stop:
+                verdict, result.failure = stop.verdict, stop.failure
+            except Exception as exc:  # a kbench bug must not end the run or blame the submission
+                traceback.print_exc()
+                verdict = Verdict(Status.INTERNAL_ERROR, f"kbench failed: {exc!r}")
+        result.status, result.reason = verdict.status, verdict.reason
+        return result
+
+    def _check(self, box: Sandbox, sub: Submission, result: SubmissionResult) -> None:
+        """Every case: fresh inputs here, the candidate's output back, the reference after."""
+        for case in self.cases:
+            inputs = self.reference.make_inputs(case.shape, case.dtype, case.distribution,
+                                                case.seed, self.device)
+            try:
+                answer = self._call(box, {"op": "run", "inputs": [t.clone() for t in inputs]},
+                                    self.task.limits.case_s, case.describe())
+            except _Stop as stop:
+                stop.failure = self._failure(sub, case)
+                raise
+            out = answer["output"]
+            if out is None:
+                raise _Stop(Verdict(Status.WRONG_OUTPUT, f"{case.describe()}: returned "
+                                    f"{answer.get('output_type')}, expected torch.Tensor"),
+                            self._failure(sub, case))
+            if type(out) is torch.Tensor:
+                out = out.clone()  # own copy: the worker's memory is its to change
+            del answer
+            with torch.no_grad():
+                expected = self.ref_model(*inputs)
+                exact = self.ref_model(*[t.to(torch.float64) for t in inputs])
+            outcome = compare(out, expected, exact, self.task.tolerance[case.dtype])
+            if not outcome.ok:
+                failure = self._failure(sub, case)
+                failure.update(max_abs_err=outcome.max_abs_err, max_rel_err=outcome.max_rel_err)
+                raise _Stop(Verdict(Status.WRONG_OUTPUT, f"{case.describe()}: {outcome.reason}"),
+                            failure)
+            result.cases_passed += 1
+
+    def _failure(self, sub: Submission, case: Case) -> dict:
+        return {"case": case.to_dict(),
+                "reproduce": f"kbench grade {sub.path} --seed {self.opts.seed} "
+                             f"--case {case.index} --device {self.device.type}"}
+
+    # -- time ------------------------------------------------------------------------------
+
+    def _time(self, box: Sandbox, result: SubmissionResult, reference: list[Benchmark]) -> None:
+        for i, ref in enumerate(reference):
+            bench = Benchmark(shape=ref.shape, dtype=ref.dtype, ref_ms=ref.ref_ms,
+                              ref_samples=ref.ref_samples, skipped=ref.skipped)
+            result.benchmarks.append(bench)
+            if ref.skipped:
+                continue
+            samples = self._samples(box, i, ref.shape)
+            bench.ms, bench.samples = stats.median(samples), len(samples)
+            bench.speedup = ref.ref_ms / bench.ms
+        result.speedup = stats.geomean([b.speedup for b in result.benchmarks if b.speedup])
+
+    def _time_reference(self) -> list[Benchmark]:
+        dtype = self.task.benchmark_dtype
+        benches = [Benchmark(shape=list(s), dtype=dtype)
+                   for s in self.task.benchmarks[self.device.type]]
+        path = Path(self.reference.__file__)
+        request = {"op": "load", "path": str(path), "module_name": "kbench_reference",
+                   "class_name": "Model", "init_args": self.init_args,
+                   "device": self.device.type, "reference": self.task.reference,
+                   "instantiate": True}
+        try:
+            with self._sandbox("reference.run.log", child_env({})) as box:
+                self._call(box, request, self.task.limits.load_s, "load")
+                self._check(box, Submission("reference", path), SubmissionResult(
+                    name="reference", path=str(path), sha256="", status=Status.OK))
+                for i, bench in enumerate(benches):
+                    bench.skipped = self._unfit(bench.shape)
+                    if bench.skipped is None:
+                        samples = self._samples(box, i, bench.shape)
+                        bench.ref_ms, bench.ref_samples = stats.median(samples), len(samples)
+        except _Stop as stop:
+            for bench in benches:
+                if bench.ref_ms is None and bench.skipped is None:
+                    bench.skipped = f"the reference failed: {stop.verdict.reason}"
+        return benches
+
+    def _samples(self, box: Sandbox, index: int, shape: list[int]) -> list[float]:
+        """Timing samples for benchmark ``index``; same inputs (by seed) for every side."""
+        seed = random.Random(f"{self.opts.seed}/benchmark/{index}").getrandbits(62)
+        timing = self.task.timing[self.device.type]
+        stage = f"benchmark {'x'.join(map(str, shape))}"
+        answer = self._call(box, {"op": "time", "shape": shape, "dtype": self.task.benchmark_dtype,
+                                  "seed": seed, "timing": vars(timing)},
+                            self.task.limits.benchmark_s, stage)
+        samples = answer.get("samples_ms")
+        if (not isinstance(samples, list) or not samples
+                or not all(isinstance(s, float) and math.isfinite(s) and s > 0 for s in samples)):
+            raise _Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker sent no valid timings"))
+        return samples
+
+    def _unfit(self, shape: list[int]) -> str | None:
+        """Why a benchmark shape cannot run here (input, output and one temporary must fit)."""
+        itemsize = torch.empty(0, dtype=getattr(torch, self.task.benchmark_dtype)).element_size()
+        need = 3 * math.prod(shape) * itemsize
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            free, where = torch.cuda.mem_get_info(self.device)[0], "on the device"
+        else:
+            free = min(psutil.virtual_memory().available,
+                       int(self.task.limits.host_memory_gib * 2**30))
+            where = "in host memory (within limits.host_memory_gib)"
+        if need > 0.9 * free:
+            return f"needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free {where}"
+        return None
+
+    # -- the boundary ----------------------------------------------------------------------
+
+    def _sandbox(self, log_name: str, env: dict[str, str]) -> Sandbox:
+        limits = self.task.limits
+        return Sandbox(self.logs / log_name, env, memory_bytes=int(limits.host_memory_gib * 2**30),
+                       log_bytes=int(limits.log_mib * 2**20))
+
+    def _load_request(self, sub: Submission, instantiate: bool) -> dict:
+        return {"op": "load", "path": str(sub.path.resolve()),
+                "module_name": f"kbench_submission_{sub.name}", "class_name": "ModelNew",
+                "init_args": self.init_args, "device": self.device.type,
+                "reference": self.task.reference, "instantiate": instantiate}
+
+    def _call(self, box: Sandbox, request: dict, timeout: float, stage: str) -> dict:
+        """One request; any failure becomes a _Stop carrying the verdict it earns."""
+        try:
+            answer = box.request(request, timeout)
+        except SandboxFailure as failure:
+            raise _Stop(Verdict(failure.status, f"{stage}: {failure.message}")) from None
+        if not answer["ok"]:
+            error = answer.get("error") if isinstance(answer.get("error"), dict) else {}
+            raise _Stop(verdicts.from_error(error, stage, self.device.type, box.log_text()))
+        return answer

@@ -1,0 +1,104 @@
+"""Render a RunResult: progress lines, the leaderboard (Markdown) and results.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from tabulate import tabulate
+
+from kbench.results import Benchmark, RunResult, SubmissionResult
+from kbench.verdict import Status
+
+
+_CLOCK = {"cuda": "CUDA events, device synchronised after each call", "cpu": "wall clock"}
+
+
+def progress_line(result: SubmissionResult, index: int, total: int) -> str:
+    if result.status is Status.OK:
+        speed = f"{result.speedup:.3f}x" if result.speedup else "not timed"
+        detail = f"{speed}, {result.cases_passed}/{result.cases_total} cases"
+    else:
+        detail = result.reason
+    return f"[{index}/{total}] {result.name}: {result.status.value} - {detail}"
+
+
+def _shape(b: Benchmark) -> str:
+    return "x".join(str(d) for d in b.shape)
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:.4g} ms" if value is not None else "-"
+
+
+def _ranked(run: RunResult) -> list[SubmissionResult]:
+    ok = [s for s in run.submissions if s.status is Status.OK]
+    return sorted(ok, key=lambda s: -(s.speedup or 0.0))
+
+
+def leaderboard(run: RunResult) -> str:
+    env = run.environment
+    device = env.get("device_name", env.get("device"))
+    lines = [f"# kbench leaderboard: {run.task}", "",
+             f"- device: {device} ({env.get('device')}), torch {env.get('torch')}, "
+             f"CUDA {env.get('torch_cuda')}, driver {env.get('driver', '-')}, "
+             f"nvcc {env.get('nvcc') or '-'}",
+             f"- kbench {run.kbench_version}, seed {run.seed}, started {run.started}",
+             f"- speedup = reference median / submission median per shape ({_CLOCK[env.get('device')]}, "
+             "one call at a time, cache flushed before each, launch overhead included); "
+             "overall = geometric mean over timed shapes", ""]
+    lines += [f"- note: {note}" for note in run.notes]
+    if run.reference:
+        lines += ["", "## Reference", "",
+                  tabulate([[_shape(b), b.dtype, _ms(b.ref_ms), b.ref_samples, b.skipped or ""]
+                            for b in run.reference],
+                           headers=["shape", "dtype", "median", "samples", "skipped"],
+                           tablefmt="github")]
+
+    ranked = _ranked(run)
+    shapes = [_shape(b) for b in run.reference]
+    lines += ["", "## Ranked", ""]
+    if ranked:
+        rows = []
+        for rank, sub in enumerate(ranked, 1):
+            cells = {_shape(b): (f"{b.speedup:.3f}x ({_ms(b.ms)})" if b.speedup
+                                 else f"skipped: {b.skipped}") for b in sub.benchmarks}
+            speed = f"{sub.speedup:.3f}x" if sub.speedup else "not timed"
+            rows.append([rank, sub.name, speed, f"{sub.cases_passed}/{sub.cases_total}",
+                         *(cells.get(s, "-") for s in shapes), ", ".join(sub.flags)])
+        lines.append(tabulate(rows, headers=["#", "submission", "speedup", "cases", *shapes,
+                                             "flags"], tablefmt="github"))
+    else:
+        lines.append("No submission passed every correctness case.")
+
+    failed = [s for s in run.submissions if s.status is not Status.OK]
+    if failed:
+        lines += ["", "## Not ranked", "",
+                  tabulate([[s.name, s.status.value, f"{s.cases_passed}/{s.cases_total}",
+                             _one_line(s.reason), ", ".join(s.flags)] for s in failed],
+                           headers=["submission", "verdict", "cases", "reason", "flags"],
+                           tablefmt="github")]
+    return "\n".join(lines) + "\n"
+
+
+def _one_line(text: str, limit: int = 240) -> str:
+    line = " ".join(text.split()).replace("|", "\\|")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def write(run: RunResult, out_dir: Path) -> tuple[Path, Path]:
+    """Write leaderboard.md and results.json, each atomically (temp file, then rename)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    board = _atomic_write(out_dir / "leaderboard.md", leaderboard(run))
+    data = _atomic_write(out_dir / "results.json", json.dumps(run.to_dict(), indent=2) + "\n")
+    return board, data
+
+
+def _atomic_write(path: Path, text: str) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,67 @@
+"""The record of a grading run: what each report is rendered from, and results.json's schema."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from kbench.verdict import Status
+
+
+@dataclass
+class Benchmark:
+    """One benchmark shape: medians in milliseconds; ``skipped`` says why a shape was not timed."""
+
+    shape: list[int]
+    dtype: str
+    ref_ms: float | None = None
+    ms: float | None = None
+    speedup: float | None = None
+    ref_samples: int = 0
+    samples: int = 0
+    skipped: str | None = None
+
+
+@dataclass
+class SubmissionResult:
+    name: str
+    path: str
+    sha256: str
+    status: Status
+    reason: str = ""
+    speedup: float | None = None  # geometric mean over timed shapes
+    cases_passed: int = 0
+    cases_total: int = 0
+    failure: dict | None = None  # the failing case and how to reproduce it
+    benchmarks: list[Benchmark] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+    build_s: float | None = None
+    logs: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["status"] = self.status.value
+        return data
+
+
+@dataclass
+class RunResult:
+    kbench_version: str
+    task: str
+    seed: int
+    started: str
+    environment: dict
+    reference: list[Benchmark]
+    submissions: list[SubmissionResult]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "kbench_version": self.kbench_version,
+            "task": self.task,
+            "seed": self.seed,
+            "started": self.started,
+            "environment": self.environment,
+            "notes": self.notes,
+            "reference": [asdict(b) for b in self.reference],
+            "submissions": [s.to_dict() for s in self.submissions],
+        }

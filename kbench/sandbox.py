@@ -1,0 +1,224 @@
+"""The trust boundary: one child process that runs untrusted code, and the only way to talk to it.
+
+The child (``python -m kbench.worker``) starts in its own session and process group, in a
+scratch working directory, with stdout and stderr going to a log file and never read as
+results. Requests and answers travel over a private socket. Every request has a deadline;
+the parent watches the child's exit, its memory and its log size while it waits, and kills
+the whole process tree (group, then any stray descendants found by psutil) on any breach.
+
+Answers are unpickled with an allow-list: tensors (shared memory or CUDA IPC handles) and
+plain data only, so nothing the child sends can make the parent import or run its code.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+import torch.multiprocessing  # noqa: F401  (registers tensor sharing with the pickler)
+
+from kbench import paths
+from kbench.verdict import Status
+
+_POLL_S = 0.05
+_MAX_MESSAGE = 64 << 20
+_EXIT_GRACE_S = 10.0
+
+_ALLOWED_GLOBALS = {
+    ("torch", "Tensor"), ("torch", "Size"), ("torch", "UntypedStorage"),
+    ("torch.storage", "UntypedStorage"), ("multiprocessing.resource_sharer", "DupFd"),
+    *(("torch.multiprocessing.reductions", name) for name in (
+        "rebuild_tensor", "rebuild_cuda_tensor", "rebuild_typed_storage", "rebuild_storage_fd",
+        "rebuild_storage_filename", "rebuild_storage_empty")),
+}
+
+
+class SandboxFailure(Exception):
+    """The child broke a rule or died; ``status`` is the verdict it earns."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class _AllowListUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"refused to load {module}.{name}")
+
+
+def safe_loads(data: bytes) -> Any:
+    """Unpickle an answer from the child, refusing every global outside the allow-list."""
+    return _AllowListUnpickler(io.BytesIO(data)).load()
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """The parent's environment, kbench importable from anywhere, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KBENCH_")}
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(paths.PACKAGE_DIR.parent), env.get("PYTHONPATH")) if p)
+    env.update(PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", **extra)
+    return env
+
+
+class Sandbox:
+    """One worker process. Use as a context manager; ``request`` raises SandboxFailure."""
+
+    def __init__(self, log_path: Path, env: dict[str, str], memory_bytes: int,
+                 log_bytes: int) -> None:
+        self.log_path = log_path
+        self.memory_bytes = memory_bytes
+        self.log_bytes = log_bytes
+        self.scratch = Path(tempfile.mkdtemp(prefix="kbench-sandbox-"))
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        parent_end, child_end = socket.socketpair()
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kbench.worker", str(child_end.fileno())],
+                cwd=self.scratch, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, pass_fds=(child_end.fileno(),),
+                start_new_session=True)
+        child_end.close()
+        self.conn = Connection(parent_end.detach())
+        self.conn.send_bytes(multiprocessing.current_process().authkey)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, message: dict, timeout: float) -> dict:
+        """Send one request; return the child's answer within ``timeout`` seconds."""
+        try:
+            self.conn.send(message)
+        except OSError:
+            self._raise_if_dead(wait=True)
+            raise SandboxFailure(Status.CRASHED, "the worker closed its channel") from None
+        deadline = time.monotonic() + timeout
+        while not self.conn.poll(_POLL_S):
+            self._raise_if_dead()
+            self._enforce_limits()
+            if time.monotonic() > deadline:
+                self.kill()
+                raise SandboxFailure(Status.TIMEOUT, f"no answer within {timeout:g} s")
+        try:
+            data = self.conn.recv_bytes(_MAX_MESSAGE)
+        except (EOFError, OSError):
+            self._raise_if_dead(wait=True)
+            raise SandboxFailure(Status.CRASHED, "the worker closed its channel") from None
+        try:
+            answer = safe_loads(data)
+        except Exception as exc:
+            self.kill()
+            raise SandboxFailure(Status.RUNTIME_ERROR,
+                                 f"the worker sent an answer kbench does not accept ({exc})")
+        if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
+            self.kill()
+            raise SandboxFailure(Status.RUNTIME_ERROR, "the worker sent a malformed answer")
+        return answer
+
+    def _raise_if_dead(self, wait: bool = False) -> None:
+        try:
+            code = self.proc.wait(timeout=_EXIT_GRACE_S) if wait else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
+            return
+        self.kill()
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else -code
+            raise SandboxFailure(Status.CRASHED, f"worker killed by signal {name}")
+        raise SandboxFailure(Status.CRASHED, f"worker exited with status {code} mid-request")
+
+    def _enforce_limits(self) -> None:
+        size = self.log_path.stat().st_size if self.log_path.exists() else 0
+        if size > self.log_bytes:
+            self.kill()
+            raise SandboxFailure(Status.CRASHED, f"wrote over {self.log_bytes >> 20} MiB to "
+                                                 "stdout/stderr; stopped")
+        rss = sum(_rss(p) for p in self._tree())
+        if rss > self.memory_bytes:
+            self.kill()
+            raise SandboxFailure(Status.OUT_OF_MEMORY, f"resident memory {rss / 2**30:.1f} GiB "
+                                 f"above the {self.memory_bytes / 2**30:g} GiB limit")
+
+    def _tree(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def kill(self) -> None:
+        """Kill the worker's process group and every descendant that left it."""
+        stray = self._tree()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for proc in stray:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        try:
+            self.proc.wait(timeout=_EXIT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        """Ask the worker to exit, then make sure its whole tree is gone."""
+        if self.proc.poll() is None:
+            try:
+                self.conn.send({"op": "exit"})
+                self.proc.wait(timeout=_EXIT_GRACE_S)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        self.conn.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def log_text(self, limit: int = 256 << 10) -> str:
+        """The log, or its first and last ``limit / 2`` bytes when it is longer."""
+        return read_bounded(self.log_path, limit)
+
+
+def read_bounded(path: Path, limit: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size <= limit:
+                return f.read().decode(errors="replace")
+            head = f.read(limit // 2)
+            f.seek(size - limit // 2)
+            tail = f.read()
+    except OSError:
+        return ""
+    return (head.decode(errors="replace") + f"\n[... {size - limit} bytes cut ...]\n"
+            + tail.decode(errors="replace"))
+
+
+def _rss(proc: psutil.Process) -> int:
+    try:
+        return proc.memory_info().rss
+    except psutil.Error:
+        return 0

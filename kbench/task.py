@@ -1,0 +1,263 @@
+"""Task files (tasks/*.yaml): load, validate, and expose them as typed settings.
+
+Every error names the file, the key and what is allowed, so a typo in a task never turns into
+a silent default or a traceback deep inside grading.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+
+from kbench import paths
+
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+DEVICES = ("cpu", "cuda")
+
+
+class TaskError(Exception):
+    """A task file is missing, malformed, or names something that does not exist."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Per element: |out - ref| <= atol * rms(ref) + rtol * |ref|.
+
+    atol is relative to the reference output's root-mean-square, so it shrinks with the
+    output's magnitude instead of swallowing small outputs whole.
+    """
+
+    rtol: float
+    atol: float
+
+
+@dataclass(frozen=True)
+class Correctness:
+    distributions: tuple[str, ...]
+    fixed_shapes: tuple[tuple[int, ...], ...]
+    random_cases: int
+    random_shape: tuple[tuple[int, int], ...]  # inclusive [lo, hi] per dimension, log-uniform
+    max_elements: int
+
+
+@dataclass(frozen=True)
+class Timing:
+    warmup_ms: float
+    min_samples: int
+    max_samples: int
+    budget_ms: float  # per benchmark shape and side
+
+
+@dataclass(frozen=True)
+class Limits:
+    build_s: float
+    load_s: float
+    case_s: float
+    benchmark_s: float
+    host_memory_gib: float
+    log_mib: float
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    path: Path
+    reference: str  # importable module: Model, get_inputs, get_init_inputs, make_inputs
+    semantics: str
+    dtypes: tuple[str, ...]
+    tolerance: dict[str, Tolerance]
+    correctness: Correctness
+    benchmark_dtype: str
+    benchmarks: dict[str, tuple[tuple[int, ...], ...]]  # device -> shapes
+    timing: dict[str, Timing]  # device -> settings
+    limits: Limits
+
+    def reference_module(self) -> ModuleType:
+        return importlib.import_module(self.reference)
+
+
+class _Reader:
+    """Walks the parsed YAML and raises TaskError naming file and dotted key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, key: str, expected: str, got: Any = None) -> TaskError:
+        got_text = "" if got is None else f", got {got!r}"
+        return TaskError(f"{self.path}: {key}: expected {expected}{got_text}")
+
+    def mapping(self, value: Any, key: str, allowed: set[str], required: set[str]) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(key or "top level", "a mapping", value)
+        for k in value:
+            if k not in allowed:
+                where = f"{key}.{k}" if key else str(k)
+                raise self.fail(where, f"one of the keys {sorted(allowed)} (unknown key)")
+        for k in sorted(required - value.keys()):
+            raise self.fail(f"{key}.{k}" if key else k, "this key (it is required)")
+        return value
+
+    def number(self, value: Any, key: str, minimum: float = 0.0, integer: bool = False) -> Any:
+        kind = (int,) if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kind) or value < minimum:
+            what = "an integer" if integer else "a number"
+            raise self.fail(key, f"{what} >= {minimum:g}", value)
+        return value
+
+    def text(self, value: Any, key: str) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(key, "a non-empty string", value)
+        return value
+
+    def choice(self, value: Any, key: str, allowed: tuple[str, ...]) -> str:
+        if value not in allowed:
+            raise self.fail(key, f"one of {list(allowed)}", value)
+        return value
+
+    def shape(self, value: Any, key: str) -> tuple[int, ...]:
+        if not isinstance(value, list) or not value:
+            raise self.fail(key, "a shape: a non-empty list of positive integers", value)
+        return tuple(self.number(d, f"{key}[{i}]", 1, integer=True) for i, d in enumerate(value))
+
+    def shapes(self, value: Any, key: str) -> tuple[tuple[int, ...], ...]:
+        if not isinstance(value, list) or not value:
+            raise self.fail(key, "a non-empty list of shapes", value)
+        return tuple(self.shape(s, f"{key}[{i}]") for i, s in enumerate(value))
+
+    def per_device(self, value: Any, key: str, read) -> dict:
+        """A value given once for every device, or as {cpu: ..., cuda: ...}."""
+        if isinstance(value, dict) and set(value) <= set(DEVICES):
+            self.mapping(value, key, set(DEVICES), set(DEVICES))
+            return {d: read(value[d], f"{key}.{d}") for d in DEVICES}
+        return {d: read(value, key) for d in DEVICES}
+
+
+def find_task(name_or_path: str) -> Path:
+    """A task by name (tasks/NAME.yaml) or by path to a YAML file."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml"):
+        if not candidate.is_file():
+            raise TaskError(f"{candidate}: task file not found")
+        return candidate
+    path = paths.tasks_dir() / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = ", ".join(available_tasks()) or "none"
+        raise TaskError(f"no task named {name_or_path!r} in {paths.tasks_dir()} (known: {known})")
+    return path
+
+
+def available_tasks() -> list[str]:
+    directory = paths.tasks_dir()
+    return sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
+
+
+def load_task(name_or_path: str) -> Task:
+    path = find_task(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise TaskError(f"{path}: not valid YAML: {exc}") from None
+    return _parse(raw, path)
+
+
+def _parse(raw: Any, path: Path) -> Task:
+    r = _Reader(path)
+    top_keys = {"name", "reference", "semantics", "dtypes", "tolerance", "correctness",
+                "benchmarks", "timing", "limits"}
+    r.mapping(raw, "", top_keys, top_keys)
+
+    name = r.text(raw["name"], "name")
+    if name != path.stem:
+        raise r.fail("name", f"the file's name {path.stem!r}", name)
+    reference = r.text(raw["reference"], "reference")
+    try:
+        module = importlib.import_module(reference)
+    except ImportError as exc:
+        raise r.fail("reference", "an importable module", f"{reference} ({exc})") from None
+    for attr in ("Model", "get_inputs", "get_init_inputs", "make_inputs", "DISTRIBUTIONS"):
+        if not hasattr(module, attr):
+            raise r.fail("reference", f"a module defining {attr}", reference)
+
+    dtypes_raw = raw["dtypes"]
+    if not isinstance(dtypes_raw, list) or not dtypes_raw:
+        raise r.fail("dtypes", f"a non-empty list drawn from {list(DTYPES)}", dtypes_raw)
+    dtypes = tuple(r.choice(d, f"dtypes[{i}]", DTYPES) for i, d in enumerate(dtypes_raw))
+
+    tol_raw = r.mapping(raw["tolerance"], "tolerance", set(DTYPES), set(dtypes))
+    tolerance = {}
+    for dtype, entry in tol_raw.items():
+        key = f"tolerance.{dtype}"
+        r.mapping(entry, key, {"rtol", "atol"}, {"rtol", "atol"})
+        tolerance[dtype] = Tolerance(rtol=float(r.number(entry["rtol"], f"{key}.rtol")),
+                                     atol=float(r.number(entry["atol"], f"{key}.atol")))
+
+    correctness = _parse_correctness(r, raw["correctness"], module)
+
+    bench_keys = {"dtype", "cpu", "cuda"}
+    bench = r.mapping(raw["benchmarks"], "benchmarks", bench_keys, bench_keys)
+    benchmark_dtype = r.choice(bench["dtype"], "benchmarks.dtype", dtypes)
+    benchmarks = {d: r.shapes(bench[d], f"benchmarks.{d}") for d in DEVICES}
+    for d in DEVICES:
+        for i, shape in enumerate(benchmarks[d]):
+            if len(shape) != len(correctness.random_shape):
+                raise r.fail(f"benchmarks.{d}[{i}]",
+                             f"{len(correctness.random_shape)} dimensions", list(shape))
+
+    timing_keys = {"warmup_ms", "min_samples", "max_samples", "budget_ms"}
+    t = r.mapping(raw["timing"], "timing", timing_keys, timing_keys)
+    min_samples = r.number(t["min_samples"], "timing.min_samples", 1, integer=True)
+    max_samples = r.number(t["max_samples"], "timing.max_samples", min_samples, integer=True)
+    warmup = r.per_device(t["warmup_ms"], "timing.warmup_ms", r.number)
+    budget = r.per_device(t["budget_ms"], "timing.budget_ms", r.number)
+    timing = {d: Timing(float(warmup[d]), min_samples, max_samples, float(budget[d]))
+              for d in DEVICES}
+
+    limit_keys = {"build_s", "load_s", "case_s", "benchmark_s", "host_memory_gib", "log_mib"}
+    lim = r.mapping(raw["limits"], "limits", limit_keys, limit_keys)
+    limits = Limits(**{k: float(r.number(lim[k], f"limits.{k}", 0.001)) for k in limit_keys})
+
+    return Task(name=name, path=path, reference=reference,
+                semantics=r.text(raw["semantics"], "semantics"), dtypes=dtypes,
+                tolerance=tolerance, correctness=correctness, benchmark_dtype=benchmark_dtype,
+                benchmarks=benchmarks, timing=timing, limits=limits)
+
+
+def _parse_correctness(r: _Reader, raw: Any, module: ModuleType) -> Correctness:
+    keys = {"distributions", "fixed_shapes", "random_cases", "random_shape", "max_elements"}
+    c = r.mapping(raw, "correctness", keys, keys)
+    dist_raw = c["distributions"]
+    known = tuple(module.DISTRIBUTIONS)
+    if not isinstance(dist_raw, list) or not dist_raw:
+        raise r.fail("correctness.distributions", f"a non-empty list drawn from {list(known)}",
+                     dist_raw)
+    distributions = tuple(r.choice(d, f"correctness.distributions[{i}]", known)
+                          for i, d in enumerate(dist_raw))
+    ranges_raw = c["random_shape"]
+    if not isinstance(ranges_raw, list) or not ranges_raw:
+        raise r.fail("correctness.random_shape", "a list of [lo, hi] per dimension", ranges_raw)
+    ranges = []
+    for i, pair in enumerate(ranges_raw):
+        key = f"correctness.random_shape[{i}]"
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise r.fail(key, "a pair [lo, hi]", pair)
+        lo = r.number(pair[0], f"{key}[0]", 1, integer=True)
+        hi = r.number(pair[1], f"{key}[1]", lo, integer=True)
+        ranges.append((lo, hi))
+    max_elements = r.number(c["max_elements"], "correctness.max_elements", 1, integer=True)
+    fixed = r.shapes(c["fixed_shapes"], "correctness.fixed_shapes")
+    for i, shape in enumerate(fixed):
+        if len(shape) != len(ranges):
+            raise r.fail(f"correctness.fixed_shapes[{i}]", f"{len(ranges)} dimensions",
+                         list(shape))
+    return Correctness(
+        distributions=distributions,
+        fixed_shapes=fixed,
+        random_cases=r.number(c["random_cases"], "correctness.random_cases", 0, integer=True),
+        random_shape=tuple(ranges),
+        max_elements=max_elements,
+    )

@@ -1,0 +1,62 @@
+"""Verdicts: one per submission, with a one-line reason a user can act on.
+
+Only the trusted side decides a verdict, from what it saw: the process's fate (sandbox
+failures) or an error the worker reported (type and message, as text).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from kbench.build import first_error_line
+
+
+class Status(str, Enum):
+    OK = "ok"
+    BUILD_ERROR = "build_error"
+    IMPORT_ERROR = "import_error"
+    RUNTIME_ERROR = "runtime_error"
+    CUDA_ERROR = "cuda_error"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+    OUT_OF_MEMORY = "out_of_memory"
+    WRONG_OUTPUT = "wrong_output"
+    SKIPPED = "skipped"
+    INTERNAL_ERROR = "internal_error"  # kbench itself failed; not the submission's fault
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Status
+    reason: str = ""
+
+
+_NO_GPU = ("Found no NVIDIA driver", "No CUDA GPUs are available",
+           "Torch not compiled with CUDA enabled", "no CUDA-capable device")
+_OOM = ("OutOfMemoryError", "MemoryError", "can't allocate memory", "out of memory")
+_CUDA = ("CUDA error", "cudaError", "AcceleratorError", "CUDA kernel errors",
+         "illegal memory access", "device-side assert")
+
+
+def from_error(error: dict, stage: str, device: str, log: str) -> Verdict:
+    """An exception the worker reported during ``stage`` ("import", "init", "case ...", ...)."""
+    kind = error.get("type", "?")
+    message = str(error.get("message", ""))
+    first = next((line.strip() for line in message.splitlines() if line.strip()), "")
+    short = kind.rsplit(".", 1)[-1]
+    said = f"{short}: {first}"[:300]
+    text = f"{kind} {message}"
+    if error.get("stage") == "import" and ("Error building extension" in message
+                                           or kind.endswith("CalledProcessError")):
+        line = first_error_line(log) or first_error_line(message) or first
+        return Verdict(Status.BUILD_ERROR, line[:300])
+    if device == "cpu" and any(s in text for s in _NO_GPU):
+        return Verdict(Status.SKIPPED, f"needs a CUDA device; none here ({said})")
+    if any(s in text for s in _OOM):
+        return Verdict(Status.OUT_OF_MEMORY, f"{stage}: {said}")
+    if any(s in text for s in _CUDA):
+        return Verdict(Status.CUDA_ERROR, f"{stage}: {said}")
+    if error.get("stage") == "import":
+        return Verdict(Status.IMPORT_ERROR, said)
+    return Verdict(Status.RUNTIME_ERROR, f"{stage}: {said}")

@@ -1,0 +1,115 @@
+"""The child process's main loop: import one module, then answer the trusted side's requests.
+
+Requests arrive as dicts over the private channel (a socket inherited as a file descriptor;
+stdout and stderr are only a log). Each answer is ``{"ok": True, ...}`` or
+``{"ok": False, "error": {...}}``; crashes and hangs are for the parent to notice.
+
+  load  {path, module_name, class_name, init_args, device, reference, instantiate}
+  run   {inputs}                       -> {output} or {output: None, output_type}
+  time  {shape, dtype, seed, timing}   -> {samples_ms}
+  exit
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import multiprocessing
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+import torch.multiprocessing  # noqa: F401  (registers tensor sharing with the pickler)
+
+from kbench.worker.timing import measure
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.reference: Any = None
+        self.device = torch.device("cpu")
+        self.last_output: Any = None  # kept alive until the parent has copied it
+
+    def load(self, path: str, module_name: str, class_name: str, init_args: list,
+             device: str, reference: str, instantiate: bool) -> dict:
+        self.device = torch.device(device)
+        self.reference = importlib.import_module(reference)
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as exc:  # SystemExit at import is the submission's failure too
+            return _error("import", exc)
+        cls = getattr(module, class_name, None)
+        if not isinstance(cls, type):
+            return {"ok": False, "error": {"stage": "import", "type": "kbench.MissingClass",
+                                           "message": f"defines no class {class_name}",
+                                           "traceback": ""}}
+        if instantiate:
+            try:
+                self.model = cls(*init_args).to(self.device)
+                self.model.eval()
+            except BaseException as exc:
+                return _error("init", exc)
+        return {"ok": True}
+
+    def run(self, inputs: list) -> dict:
+        self.last_output = None
+        try:
+            with torch.no_grad():
+                out = self.model(*inputs)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+        except BaseException as exc:
+            return _error("run", exc)
+        if type(out) is not torch.Tensor:
+            kind = type(out)
+            return {"ok": True, "output": None,
+                    "output_type": f"{kind.__module__}.{kind.__qualname__}"}
+        self.last_output = out
+        return {"ok": True, "output": out}
+
+    def time(self, shape: list, dtype: str, seed: int, timing: dict) -> dict:
+        self.last_output = None
+        try:
+            inputs = self.reference.make_inputs(tuple(shape), dtype, "normal", seed, self.device)
+            with torch.no_grad():
+                samples = measure(lambda: self.model(*inputs), self.device, **timing)
+        except BaseException as exc:
+            return _error("benchmark", exc)
+        finally:
+            inputs = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        return {"ok": True, "samples_ms": samples}
+
+
+def _error(stage: str, exc: BaseException) -> dict:
+    text = traceback.format_exc()
+    print(text, file=sys.stderr, flush=True)
+    kind = type(exc)
+    return {"ok": False, "error": {"stage": stage, "type": f"{kind.__module__}.{kind.__qualname__}",
+                                   "message": str(exc)[-20000:], "traceback": text[-20000:]}}
+
+
+def main(argv: list[str]) -> int:
+    conn = Connection(int(argv[0]))
+    # Tensors travel as shared memory; the descriptor handover authenticates with this key.
+    multiprocessing.current_process().authkey = conn.recv_bytes(64)
+    worker = Worker()
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return 0
+        op = request.pop("op")
+        if op == "exit":
+            return 0
+        answer = getattr(worker, op)(**request)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        conn.send(answer)

@@ -1,0 +1,62 @@
+"""Shared helpers: a fast copy of the l2norm task, and running the CLI in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from kbench import cli, paths
+from kbench.build import find_toolchain
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+has_gpu = torch.cuda.is_available()
+has_nvcc = find_toolchain().cuda_home is not None
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """One build cache for the session: KBENCH_CACHE_DIR when set (CI keeps it warm)."""
+    if os.environ.get("KBENCH_CACHE_DIR"):
+        return Path(os.environ["KBENCH_CACHE_DIR"])
+    return tmp_path_factory.mktemp("cache")
+
+
+def quick_task(tmp_path: Path, **overrides) -> Path:
+    """tasks/l2norm.yaml with fewer cases, short budgets and tight limits, for fixtures.
+
+    ``overrides`` maps "section.key" (or a top-level key) to a new value.
+    """
+    raw = yaml.safe_load((paths.tasks_dir() / "l2norm.yaml").read_text())
+    raw["correctness"]["random_cases"] = 3
+    raw["correctness"]["max_elements"] = 65536
+    raw["correctness"]["fixed_shapes"] = [[1, 1], [7, 33], [4, 1000], [16, 1024], [2, 3000]]
+    raw["benchmarks"]["cpu"] = [[16, 1024]]
+    raw["benchmarks"]["cuda"] = [[16, 16384], [4096, 4096]]
+    raw["timing"].update(min_samples=3, max_samples=50, budget_ms=20, warmup_ms=5)
+    raw["limits"].update(load_s=120, case_s=15, benchmark_s=60, host_memory_gib=3, log_mib=4)
+    for key, value in overrides.items():
+        section, _, name = key.rpartition(".")
+        (raw[section] if section else raw)[name] = value
+    folder = tmp_path / "task"
+    folder.mkdir(exist_ok=True)
+    path = folder / "l2norm.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def grade(args: list[str], out: Path, cache: Path) -> tuple[int, dict | None]:
+    """Run ``kbench grade`` in-process; return its exit code and results.json (if written)."""
+    code = cli.main(["grade", *args, "--out", str(out), "--cache-dir", str(cache)])
+    results = out / "results.json"
+    return code, (json.loads(results.read_text()) if results.exists() else None)
+
+
+def by_name(results: dict) -> dict[str, dict]:
+    return {s["name"]: s for s in results["submissions"]}

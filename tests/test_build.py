@@ -1,0 +1,46 @@
+from pathlib import Path
+
+from kbench.build import Toolchain, build_dir, find_toolchain, first_error_line
+
+PTXAS = """[1/3] /usr/local/cuda/bin/nvcc -Werror=foo -c cuda.cu -o cuda.cuda.o
+FAILED: cuda.cuda.o
+ptxas error   : Entry function '_Z3fooPf' uses too much shared data (0x20000 bytes, 0xc000 max)
+Traceback (most recent call last):
+RuntimeError: Error building extension 'l2_norm'
+"""
+
+
+def test_first_error_line_prefers_compiler_errors():
+    assert first_error_line(PTXAS).startswith("ptxas error   : Entry function")
+    assert first_error_line("main.cpp:4:1: error: expected ';'\n") == "main.cpp:4:1: error: expected ';'"
+    assert first_error_line("RuntimeError: Error building extension 'x': [1/2] c++ ...") \
+        .startswith("RuntimeError: Error building extension")
+    assert first_error_line("all good\n") is None
+
+
+def test_build_dir_is_content_addressed(tmp_path):
+    a, b = tmp_path / "l2norm_a.py", tmp_path / "l2norm_b.py"
+    a.write_text("x = 1\n")
+    b.write_text("x = 1\n")
+    tools = Toolchain(cuda_home=None, nvcc_version=None, arch_list="9.0")
+    cache = tmp_path / "cache"
+    assert build_dir(cache, a, tools) == build_dir(cache, a, tools)
+    assert build_dir(cache, a, tools) != build_dir(cache, b, tools)  # names never share
+    other_arch = Toolchain(cuda_home=None, nvcc_version=None, arch_list="8.0")
+    assert build_dir(cache, a, tools) != build_dir(cache, a, other_arch)
+    before = build_dir(cache, a, tools)
+    a.write_text("x = 2\n")
+    assert build_dir(cache, a, tools) != before
+
+
+def test_toolchain_prefers_usr_local_cuda(monkeypatch):
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    find_toolchain.cache_clear()
+    try:
+        tools = find_toolchain("9.0")
+        if Path("/usr/local/cuda/bin/nvcc").exists():
+            assert tools.cuda_home == "/usr/local/cuda" and tools.nvcc_version
+        assert tools.env()["TORCH_CUDA_ARCH_LIST"] == "9.0"
+    finally:
+        find_toolchain.cache_clear()

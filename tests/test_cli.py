@@ -1,0 +1,59 @@
+import ast
+
+import pytest
+
+from conftest import ROOT, grade
+from kbench import cli
+from kbench.task import load_task
+
+
+def test_help_and_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--help"])
+    assert exit_.value.code == 0
+    assert "grade" in capsys.readouterr().out
+
+
+def test_list_shows_tasks_and_submissions(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "l2norm" in out and "l2norm_v1" in out and "l2norm_v3" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["no/such/file.py"], "no such .py file or folder"),
+    (["README.md"], "no such .py file or folder"),
+])
+def test_grader_could_not_run_exits_2(tmp_path, capsys, args, message):
+    code, results = grade(args, tmp_path / "out", tmp_path / "cache")
+    assert code == 2 and results is None
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_task_prefix_exits_2(tmp_path, capsys):
+    stray = tmp_path / "mystery.py"
+    stray.write_text("x = 1\n")
+    code, _ = grade([str(stray)], tmp_path / "out", tmp_path / "cache")
+    assert code == 2
+    assert "cannot tell its task" in capsys.readouterr().err
+
+
+def test_new_writes_a_valid_skeleton(tmp_path, capsys):
+    assert cli.main(["new", "l2norm", "v9", "--dir", str(tmp_path)]) == 0
+    path = tmp_path / "l2norm_v9.py"
+    tree = ast.parse(path.read_text())
+    classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
+    assert classes == ["ModelNew"]
+    text = path.read_text()
+    assert "load_inline" in text and "__global__" in text and "def forward(self, x" in text
+    assert cli.main(["new", "l2norm", "v9", "--dir", str(tmp_path)]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_readme_quick_start_is_two_commands():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Quick start", 1)[1].split("```", 2)[1]
+    commands = [line for line in block.splitlines()[1:] if line.strip()]
+    assert len(commands) == 2
+    assert "pip install" in commands[0] and "kbench grade kbench/submissions/" in commands[0]
+    assert "pytest" in commands[1]

@@ -1,0 +1,35 @@
+"""On a CUDA device (the lent GPU): the bundled submissions and the GPU-only faults."""
+
+import pytest
+
+from conftest import FIXTURES, ROOT, by_name, grade, has_gpu, quick_task
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not has_gpu, reason="needs a CUDA device")]
+
+
+def test_bundled_submissions_on_gpu(tmp_path, cache_dir):
+    code, results = grade([str(ROOT / "kbench" / "submissions")], tmp_path, cache_dir)
+    assert code == 0
+    subs = by_name(results)
+    assert subs["l2norm_v2"]["status"] == "build_error"
+    assert "too much shared data" in subs["l2norm_v2"]["reason"]
+    v1 = subs["l2norm_v1"]
+    assert v1["status"] == "wrong_output" and "NaN where the reference is finite" in v1["reason"]
+    v3 = subs["l2norm_v3"]
+    assert v3["status"] == "ok", v3["reason"]
+    assert v3["cases_passed"] == v3["cases_total"] >= 28
+    timed = [b for b in v3["benchmarks"] if b["speedup"]]
+    assert len(timed) >= 5 and v3["speedup"] > 0
+    assert results["environment"]["device_name"]
+
+
+def test_gpu_faults_then_a_correct_kernel(tmp_path, cache_dir):
+    task = quick_task(tmp_path, **{"limits.case_s": 20})
+    code, results = grade([str(FIXTURES / "gpu"), str(ROOT / "kbench/submissions/l2norm_v3.py"),
+                           "--task", str(task)], tmp_path / "out", cache_dir)
+    assert code == 0
+    subs = by_name(results)
+    assert subs["l2norm_illegal_address"]["status"] == "cuda_error", subs["l2norm_illegal_address"]
+    assert "illegal memory access" in subs["l2norm_illegal_address"]["reason"]
+    assert subs["l2norm_kernel_hang"]["status"] == "timeout"
+    assert subs["l2norm_v3"]["status"] == "ok", subs["l2norm_v3"]["reason"]

@@ -1,0 +1,118 @@
+"""End to end on the CPU: every verdict from a small fixture, in one run, plus the build cache."""
+
+import sys
+
+import pytest
+
+from conftest import FIXTURES, by_name, grade, quick_task
+
+EXPECTED = {
+    "l2norm_torch_ok": "ok",
+    "l2norm_cpp_ok": "ok",
+    "l2norm_build_error": "build_error",
+    "l2norm_import_error": "import_error",
+    "l2norm_no_modelnew": "import_error",
+    "l2norm_exit_at_import": "import_error",
+    "l2norm_runtime_error": "runtime_error",
+    "l2norm_hang": "timeout",
+    "l2norm_segfault": "crashed",
+    "l2norm_exit_mid_call": "crashed",
+    "l2norm_flood": "crashed",
+    "l2norm_huge_alloc": "out_of_memory",
+    "l2norm_memory_hog": "out_of_memory",
+    "l2norm_identity": "wrong_output",
+    "l2norm_kernelbench": "wrong_output",
+    "l2norm_half_math": "wrong_output",
+    "l2norm_returns_tuple": "wrong_output",
+    "l2norm_needs_cuda": "skipped",
+}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, cache_dir):
+    tmp = tmp_path_factory.mktemp("grade")
+    task = quick_task(tmp)
+    out = tmp / "reports"
+    code, results = grade([str(FIXTURES / "cpu"), "--task", str(task), "--device", "cpu",
+                           "--jobs", "2", "--seed", "1234"], out, cache_dir)
+    return code, results, out, task
+
+
+def test_exit_zero_and_reports_written(run):
+    code, results, out, _ = run
+    assert code == 0
+    assert (out / "leaderboard.md").exists() and (out / "logs").is_dir()
+    assert results["task"] == "l2norm" and results["seed"] == 1234
+    assert results["environment"]["device"] == "cpu" and results["environment"]["torch"]
+
+
+@pytest.mark.parametrize("name, status", sorted(EXPECTED.items()))
+def test_fixture_gets_its_verdict(run, name, status):
+    sub = by_name(run[1])[name]
+    assert sub["status"] == status, sub["reason"]
+    assert status == "ok" or sub["reason"]
+
+
+def test_reasons_say_what_happened(run):
+    subs = by_name(run[1])
+    assert "expected ';'" in subs["l2norm_build_error"]["reason"] \
+        or "error" in subs["l2norm_build_error"]["reason"]
+    assert "kbench_no_such_module" in subs["l2norm_import_error"]["reason"]
+    assert "defines no class ModelNew" in subs["l2norm_no_modelnew"]["reason"]
+    assert "SystemExit" in subs["l2norm_exit_at_import"]["reason"]
+    assert "not implemented yet" in subs["l2norm_runtime_error"]["reason"]
+    assert "no answer within 15 s" in subs["l2norm_hang"]["reason"]
+    assert "SIGSEGV" in subs["l2norm_segfault"]["reason"]
+    assert "exited with status 0" in subs["l2norm_exit_mid_call"]["reason"]
+    assert "MiB to stdout/stderr" in subs["l2norm_flood"]["reason"]
+    assert "GiB limit" in subs["l2norm_memory_hog"]["reason"]
+    assert "NaN where the reference is finite" in subs["l2norm_kernelbench"]["reason"]
+    assert "returned builtins.tuple" in subs["l2norm_returns_tuple"]["reason"]
+    assert "CUDA" in subs["l2norm_needs_cuda"]["reason"]
+
+
+def test_correct_submissions_are_timed_and_ranked(run):
+    _, results, out, _ = run
+    for name in ("l2norm_torch_ok", "l2norm_cpp_ok"):
+        sub = by_name(results)[name]
+        assert sub["cases_passed"] == sub["cases_total"] > 0
+        assert sub["speedup"] > 0
+        bench = sub["benchmarks"][0]
+        assert bench["ms"] > 0 and bench["ref_ms"] > 0 and bench["samples"] >= 3
+        assert bench["speedup"] == pytest.approx(bench["ref_ms"] / bench["ms"])
+    assert by_name(results)["l2norm_torch_ok"]["flags"] == ["no-custom-kernel"]
+    assert by_name(results)["l2norm_cpp_ok"]["flags"] == []
+    board = (out / "leaderboard.md").read_text()
+    ranked, not_ranked = board.split("## Not ranked")
+    assert "l2norm_cpp_ok" in ranked and "l2norm_torch_ok" in ranked
+    assert "l2norm_segfault" in not_ranked and "l2norm_segfault" not in ranked
+
+
+def test_failure_is_reproducible_from_its_case(run, tmp_path, cache_dir):
+    _, results, _, task = run
+    failure = by_name(results)["l2norm_kernelbench"]["failure"]
+    case = failure["case"]
+    assert f"--seed 1234 --case {case['index']}" in failure["reproduce"]
+    code, again = grade([str(FIXTURES / "cpu" / "l2norm_kernelbench.py"), "--task", str(task),
+                         "--seed", "1234", "--case", str(case["index"])], tmp_path, cache_dir)
+    sub = again["submissions"][0]
+    assert code == 0 and sub["status"] == "wrong_output"
+    assert sub["failure"]["case"] == case and sub["cases_total"] == 1
+    assert sub["benchmarks"] == [] and "timing skipped" in again["notes"][0]
+
+
+def test_grader_never_imported_a_submission(run):
+    assert not [m for m in sys.modules if m.startswith("kbench_submission")]
+    assert "kbench.worker.serve" not in sys.modules
+
+
+def test_unchanged_file_is_not_rebuilt(run, tmp_path, cache_dir):
+    _, _, _, task = run
+    libs = {p: p.stat().st_mtime_ns for p in cache_dir.glob("extensions/l2norm_cpp_ok-*/**/*.so")}
+    assert libs, "the first run should have built l2norm_cpp_ok"
+    code, again = grade([str(FIXTURES / "cpu" / "l2norm_cpp_ok.py"), "--task", str(task),
+                         "--case", "0"], tmp_path, cache_dir)
+    assert code == 0 and again["submissions"][0]["status"] == "ok"
+    assert {p: p.stat().st_mtime_ns for p in libs} == libs
+    log = (tmp_path / "logs" / "l2norm_cpp_ok.build.log").read_text()
+    assert "no work to do" in log

@@ -1,0 +1,29 @@
+"""The bundled submissions, built for real with nvcc (the two seeds and kbench's own v3)."""
+
+import pytest
+
+from conftest import ROOT, by_name, grade, has_gpu, has_nvcc
+
+pytestmark = [
+    pytest.mark.nvcc,
+    pytest.mark.skipif(not has_nvcc, reason="no CUDA toolkit (nvcc) found"),
+    pytest.mark.skipif(has_gpu, reason="CPU-only behaviour; on a GPU see test_gpu.py"),
+]
+
+
+def test_bundled_submissions_on_a_machine_without_gpu(tmp_path, cache_dir):
+    code, results = grade([str(ROOT / "kbench" / "submissions"), "--jobs", "2"],
+                          tmp_path, cache_dir)
+    assert code == 0
+    subs = by_name(results)
+    v2 = subs["l2norm_v2"]
+    assert v2["status"] == "build_error"
+    assert "too much shared data" in v2["reason"] and v2["reason"].startswith("ptxas error")
+    assert "ptxas error" in (tmp_path / "logs" / "l2norm_v2.build.log").read_text()
+    for name in ("l2norm_v1", "l2norm_v3"):
+        assert subs[name]["status"] == "skipped", subs[name]["reason"]
+        assert "built with nvcc" in subs[name]["reason"]
+        assert "needs a CUDA device" in subs[name]["reason"]
+    board = (tmp_path / "leaderboard.md").read_text()
+    assert "No submission passed every correctness case." in board
+    assert "| l2norm_v2 " in board and "build_error" in board

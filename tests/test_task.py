@@ -1,0 +1,57 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kbench import paths
+from kbench.task import TaskError, load_task
+
+
+def test_bundled_task_loads():
+    task = load_task("l2norm")
+    assert task.dtypes[0] == "float32"
+    assert (16, 16384) in task.benchmarks["cuda"] and (32768, 65535) in task.benchmarks["cuda"]
+    assert task.correctness.random_cases >= 20
+    assert task.tolerance["float32"].rtol <= 1e-5
+    assert "KernelBench" in task.semantics and "NaN" in task.semantics
+
+
+def write(tmp_path: Path, mutate) -> Path:
+    raw = yaml.safe_load((paths.tasks_dir() / "l2norm.yaml").read_text())
+    mutate(raw)
+    path = tmp_path / "l2norm.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize("mutate, key, expected", [
+    (lambda r: r.pop("limits"), "limits", "it is required"),
+    (lambda r: r.update(dtypes=["float8"]), "dtypes[0]", "one of"),
+    (lambda r: r["timing"].update(min_samples="many"), "timing.min_samples", "an integer"),
+    (lambda r: r["tolerance"].pop("float16"), "tolerance.float16", "it is required"),
+    (lambda r: r["correctness"].update(distributions=["normal", "cauchy"]),
+     "correctness.distributions[1]", "one of"),
+    (lambda r: r["benchmarks"].update(cuda=[[16, 0]]), "benchmarks.cuda[0][1]", ">= 1"),
+    (lambda r: r["benchmarks"].update(cpu=[[16, 16, 16]]), "benchmarks.cpu[0]", "2 dimensions"),
+    (lambda r: r.update(refrence="x"), "refrence", "unknown key"),
+    (lambda r: r.update(reference="kbench.reference.nope"), "reference", "importable module"),
+    (lambda r: r["limits"].update(case_s=-1), "limits.case_s", ">= 0.001"),
+    (lambda r: r["correctness"].update(random_shape=[[5, 2], [1, 10]]),
+     "correctness.random_shape[0][1]", ">= 5"),
+])
+def test_malformed_task_names_file_key_and_allowed(tmp_path, mutate, key, expected):
+    path = write(tmp_path, mutate)
+    with pytest.raises(TaskError) as err:
+        load_task(str(path))
+    message = str(err.value)
+    assert message.startswith(f"{path}: {key}: expected"), message
+    assert expected in message
+
+
+def test_invalid_yaml_and_unknown_task(tmp_path):
+    bad = tmp_path / "l2norm.yaml"
+    bad.write_text("name: [unclosed")
+    with pytest.raises(TaskError, match="not valid YAML"):
+        load_task(str(bad))
+    with pytest.raises(TaskError, match="no task named 'softmax'.*known: l2norm"):
+        load_task("softmax")

@@ -1,0 +1,55 @@
+import pickle
+
+import pytest
+import torch
+from multiprocessing.reduction import ForkingPickler
+
+from kbench.sandbox import safe_loads
+from kbench.verdict import Status, from_error
+
+
+def err(kind, message, stage="run"):
+    return {"type": kind, "message": message, "stage": stage}
+
+
+@pytest.mark.parametrize("error, device, status", [
+    (err("builtins.RuntimeError", "Error building extension 'x'", "import"), "cpu",
+     Status.BUILD_ERROR),
+    (err("builtins.ModuleNotFoundError", "No module named 'x'", "import"), "cpu",
+     Status.IMPORT_ERROR),
+    (err("torch.AcceleratorError", "CUDA error: an illegal memory access was encountered"),
+     "cuda", Status.CUDA_ERROR),
+    (err("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 2 GiB"), "cuda",
+     Status.OUT_OF_MEMORY),
+    (err("builtins.RuntimeError", "DefaultCPUAllocator: can't allocate memory"), "cpu",
+     Status.OUT_OF_MEMORY),
+    (err("builtins.RuntimeError", "Found no NVIDIA driver on your system."), "cpu",
+     Status.SKIPPED),
+    (err("builtins.ValueError", "bad"), "cpu", Status.RUNTIME_ERROR),
+])
+def test_worker_errors_classified(error, device, status):
+    verdict = from_error(error, "case 0", device, log="")
+    assert verdict.status is status
+    assert verdict.reason
+
+
+def test_build_error_quotes_first_compiler_line():
+    log = "noise\nfoo.cu(3): error: identifier \"bar\" is undefined\nmore\n"
+    verdict = from_error(err("builtins.RuntimeError", "Error building extension 'x'", "import"),
+                         "build", "cpu", log)
+    assert verdict.reason == 'foo.cu(3): error: identifier "bar" is undefined'
+
+
+class Sneaky:
+    def __reduce__(self):
+        return (print, ("pwned",))
+
+
+def test_answers_unpickle_tensors_but_no_other_code():
+    t = torch.arange(6.0).reshape(2, 3)
+    answer = safe_loads(bytes(ForkingPickler.dumps({"ok": True, "output": t, "n": [1.5]})))
+    assert torch.equal(answer["output"], t)
+    with pytest.raises(pickle.UnpicklingError, match="builtins.print"):
+        safe_loads(pickle.dumps({"ok": True, "output": Sneaky()}))
+    with pytest.raises(pickle.UnpicklingError, match="Parameter"):
+        safe_loads(bytes(ForkingPickler.dumps(torch.nn.Parameter(t))))
