@@ -39,12 +39,12 @@ _MAX_MESSAGE = 64 << 20
 _EXIT_GRACE_S = 10.0
 
 _ALLOWED_GLOBALS = {
-    ("torch", "Tensor"), ("torch", "Size"), ("torch", "UntypedStorage"),
-    ("torch.storage", "UntypedStorage"), ("multiprocessing.resource_sharer", "DupFd"),
+    ("torch", "Tensor"), ("torch", "Size"), ("multiprocessing.resource_sharer", "DupFd"),
     *(("torch.multiprocessing.reductions", name) for name in (
         "rebuild_tensor", "rebuild_cuda_tensor", "rebuild_typed_storage", "rebuild_storage_fd",
         "rebuild_storage_filename", "rebuild_storage_empty")),
 }
+_STORAGE_MODULES = ("torch", "torch.storage")
 
 
 class SandboxFailure(Exception):
@@ -60,8 +60,11 @@ class _AllowListUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _ALLOWED_GLOBALS:
             return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
+        if module in _STORAGE_MODULES:
+            found = getattr(sys.modules[module], name, None)
+            if isinstance(found, torch.dtype) or (isinstance(found, type) and issubclass(
+                    found, (torch.storage.TypedStorage, torch.UntypedStorage))):
+                return found
         raise pickle.UnpicklingError(f"refused to load {module}.{name}")
 
 
