@@ -5,13 +5,15 @@
 value distribution, reproducible from a seed.
 
 Semantics: y = x / ||x||_2 per row; a row whose norm is exactly zero gives zeros. KernelBench's
-level-1 problem 39 divides by the norm unguarded and returns NaN for such rows.
+level-1 problem 39 divides by the norm unguarded and returns NaN for such rows. Rows with
+non-zero norms below the dtype's smallest normal number are outside the task: never drawn.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 batch_size = 16
 dim = 16384
@@ -24,10 +26,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        norm = torch.linalg.vector_norm(x, ord=2, dim=1, keepdim=True)
-        # Dividing zero rows by 1 keeps them zero and costs a (batch, 1) op, so the reference
-        # moves the same bytes as KernelBench's unguarded x / norm.
-        return x / torch.where(norm == 0, torch.ones_like(norm), norm)
+        # Norms clamped at the dtype's smallest normal number: zero rows become 0 / tiny = 0, and
+        # no row kbench draws comes near it. Three kernels (norm, clamp, divide), one more than
+        # KernelBench's unguarded x / norm and on (batch, 1) only, so at launch-bound sizes the
+        # reference is not slowed by guard ops a fused kernel would not pay for.
+        return F.normalize(x, p=2.0, dim=1, eps=torch.finfo(x.dtype).tiny)
 
 
 def get_inputs() -> list[torch.Tensor]:
