@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -43,7 +43,7 @@ class Toolchain:
         return env
 
 
-@lru_cache(maxsize=None)
+@cache
 def find_toolchain(arch: str | None = None) -> Toolchain:
     """The CUDA toolkit as torch finds it, but preferring /usr/local/cuda over a stray nvcc on
     PATH when CUDA_HOME is unset; the arch list from the argument, the environment, or the GPU."""

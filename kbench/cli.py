@@ -107,7 +107,7 @@ def _grade(args: argparse.Namespace) -> int:
     board, data = report.write(run, options.out_dir)
     print()
     print(report.leaderboard(run))
-    print(f"wrote {board} and {data}")
+    print(f"wrote {board} and {data}; logs in {options.out_dir / 'logs'}")
     return 0
 
 

@@ -51,6 +51,6 @@ def task_of(submissions: list[Submission]) -> str:
                 f"{' or '.join(t + '_' for t in known) or '(no tasks found)'}, or pass --task")
         tasks.add(prefix)
     if len(tasks) > 1:
-        raise DiscoveryError(f"these submissions belong to different tasks ({', '.join(sorted(tasks))});"
-                             " grade each task separately")
+        raise DiscoveryError("these submissions belong to different tasks "
+                             f"({', '.join(sorted(tasks))}); grade each task separately")
     return tasks.pop()

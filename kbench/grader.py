@@ -14,11 +14,11 @@ import math
 import random
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 import psutil
 import torch
@@ -83,7 +83,7 @@ class Grader:
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.say(f"building {len(submissions)} submission(s), {self.opts.jobs} at a time")
         with ThreadPoolExecutor(max_workers=self.opts.jobs) as pool:
-            built = dict(zip(submissions, pool.map(self._build, submissions)))
+            built = dict(zip(submissions, pool.map(self._build, submissions), strict=True))
         notes = []
         reference: list[Benchmark] = []
         if self.timed:
@@ -138,8 +138,9 @@ class Grader:
         verdict = built.verdict
         if verdict is None and self.device.type == "cpu" and scan.needs_cuda(
                 source.decode(errors="replace")):
-            verdict = Verdict(Status.SKIPPED, f"built with nvcc {self.toolchain.nvcc_version} "
-                              f"for CUDA arch {self.toolchain.arch_list}; needs a CUDA device to run")
+            tools = self.toolchain
+            verdict = Verdict(Status.SKIPPED, f"built with nvcc {tools.nvcc_version} for CUDA arch "
+                              f"{tools.arch_list}; needs a CUDA device to run")
         if verdict is None:
             result.logs.append(str(self.logs / f"{sub.name}.run.log"))
             try:

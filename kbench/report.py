@@ -12,7 +12,6 @@ from tabulate import tabulate
 from kbench.results import Benchmark, RunResult, SubmissionResult
 from kbench.verdict import Status
 
-
 _CLOCK = {"cuda": "CUDA events, device synchronised after each call", "cpu": "wall clock"}
 
 
@@ -46,9 +45,9 @@ def leaderboard(run: RunResult) -> str:
              f"CUDA {env.get('torch_cuda')}, driver {env.get('driver', '-')}, "
              f"nvcc {env.get('nvcc') or '-'}",
              f"- kbench {run.kbench_version}, seed {run.seed}, started {run.started}",
-             f"- speedup = reference median / submission median per shape ({_CLOCK[env.get('device')]}, "
-             "one call at a time, cache flushed before each, launch overhead included); "
-             "overall = geometric mean over timed shapes", ""]
+             "- speedup = reference median / submission median per shape "
+             f"({_CLOCK[env.get('device')]}, one call at a time, cache flushed before each, "
+             "launch overhead included); overall = geometric mean over timed shapes", ""]
     lines += [f"- note: {note}" for note in run.notes]
     if run.reference:
         lines += ["", "## Reference", "",

@@ -132,8 +132,8 @@ class Sandbox:
             answer = safe_loads(data)
         except Exception as exc:
             self.kill()
-            raise SandboxFailure(Status.RUNTIME_ERROR,
-                                 f"the worker sent an answer kbench does not accept ({exc})")
+            message = f"the worker sent an answer kbench does not accept ({exc})"
+            raise SandboxFailure(Status.RUNTIME_ERROR, message) from None
         if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
             self.kill()
             raise SandboxFailure(Status.RUNTIME_ERROR, "the worker sent a malformed answer")

@@ -12,7 +12,8 @@ RuntimeError: Error building extension 'l2_norm'
 
 def test_first_error_line_prefers_compiler_errors():
     assert first_error_line(PTXAS).startswith("ptxas error   : Entry function")
-    assert first_error_line("main.cpp:4:1: error: expected ';'\n") == "main.cpp:4:1: error: expected ';'"
+    line = "main.cpp:4:1: error: expected ';'"
+    assert first_error_line(line + "\n") == line
     assert first_error_line("RuntimeError: Error building extension 'x': [1/2] c++ ...") \
         .startswith("RuntimeError: Error building extension")
     assert first_error_line("all good\n") is None

@@ -30,7 +30,7 @@ def test_plan_covers_edges_random_shapes_dtypes_and_distributions(task):
     assert all(c.dtype == "float32" for c in cases[:first_other])
     for case in cases[len(spec.fixed_shapes):]:
         assert math.prod(case.shape) <= spec.max_elements
-        for d, (lo, hi) in zip(case.shape, spec.random_shape):
+        for d, (lo, hi) in zip(case.shape, spec.random_shape, strict=True):
             assert lo <= d <= hi
     assert len({c.seed for c in cases}) == len(cases)
 

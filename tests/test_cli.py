@@ -1,10 +1,9 @@
 import ast
 
 import pytest
-
 from conftest import ROOT, grade
+
 from kbench import cli
-from kbench.task import load_task
 
 
 def test_help_and_version(capsys):

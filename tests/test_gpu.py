@@ -1,8 +1,9 @@
 """On a CUDA device (the lent GPU): the bundled submissions and the GPU-only faults."""
 
 import pytest
-
 from conftest import FIXTURES, ROOT, by_name, grade, has_gpu, quick_task
+
+from kbench import cli
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not has_gpu, reason="needs a CUDA device")]
 
@@ -21,6 +22,15 @@ def test_bundled_submissions_on_gpu(tmp_path, cache_dir):
     timed = [b for b in v3["benchmarks"] if b["speedup"]]
     assert len(timed) >= 5 and v3["speedup"] > 0
     assert results["environment"]["device_name"]
+
+
+def test_new_skeleton_builds_runs_and_is_wrong_until_filled_in(tmp_path, cache_dir):
+    assert cli.main(["new", "l2norm", "skeleton", "--dir", str(tmp_path)]) == 0
+    code, results = grade([str(tmp_path / "l2norm_skeleton.py"), "--task",
+                           str(quick_task(tmp_path, **{"limits.host_memory_gib": 16}))],
+                          tmp_path / "out", cache_dir)
+    sub = results["submissions"][0]
+    assert code == 0 and sub["status"] == "wrong_output", sub["reason"]
 
 
 def test_gpu_faults_then_a_correct_kernel(tmp_path, cache_dir):

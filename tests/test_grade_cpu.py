@@ -3,7 +3,6 @@
 import sys
 
 import pytest
-
 from conftest import FIXTURES, by_name, grade, quick_task
 
 EXPECTED = {

@@ -1,8 +1,9 @@
 """The bundled submissions, built for real with nvcc (the two seeds and kbench's own v3)."""
 
 import pytest
-
 from conftest import ROOT, by_name, grade, has_gpu, has_nvcc
+
+from kbench import cli
 
 pytestmark = [
     pytest.mark.nvcc,
@@ -12,7 +13,10 @@ pytestmark = [
 
 
 def test_bundled_submissions_on_a_machine_without_gpu(tmp_path, cache_dir):
-    code, results = grade([str(ROOT / "kbench" / "submissions"), "--jobs", "2"],
+    # `kbench new`'s skeleton rides along: it must compile as generated.
+    assert cli.main(["new", "l2norm", "skeleton", "--dir", str(tmp_path / "new")]) == 0
+    code, results = grade([str(ROOT / "kbench" / "submissions"),
+                           str(tmp_path / "new" / "l2norm_skeleton.py"), "--jobs", "2"],
                           tmp_path, cache_dir)
     assert code == 0
     subs = by_name(results)
@@ -20,7 +24,7 @@ def test_bundled_submissions_on_a_machine_without_gpu(tmp_path, cache_dir):
     assert v2["status"] == "build_error"
     assert "too much shared data" in v2["reason"] and v2["reason"].startswith("ptxas error")
     assert "ptxas error" in (tmp_path / "logs" / "l2norm_v2.build.log").read_text()
-    for name in ("l2norm_v1", "l2norm_v3"):
+    for name in ("l2norm_v1", "l2norm_v3", "l2norm_skeleton"):
         assert subs[name]["status"] == "skipped", subs[name]["reason"]
         assert "built with nvcc" in subs[name]["reason"]
         assert "needs a CUDA device" in subs[name]["reason"]

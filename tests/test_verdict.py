@@ -1,8 +1,8 @@
 import pickle
+from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
-from multiprocessing.reduction import ForkingPickler
 
 from kbench.sandbox import safe_loads
 from kbench.verdict import Status, from_error

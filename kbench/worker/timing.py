@@ -7,7 +7,7 @@ sides of a speedup are measured by one method.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
