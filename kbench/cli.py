@@ -18,11 +18,11 @@ from kbench import __version__, paths
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if not hasattr(args, "run"):
+    if not hasattr(args, "handler"):
         parser.print_help()
         return 2
     try:
-        return args.run(args)
+        return args.handler(args)
     except KeyboardInterrupt:
         print("kbench: interrupted", file=sys.stderr)
         return 130
@@ -52,17 +52,33 @@ def _parser() -> argparse.ArgumentParser:
                        "or ~/.cache/kbench)")
     grade.add_argument("--cuda-arch", help="TORCH_CUDA_ARCH_LIST for builds (default: the GPU's, "
                        "else $TORCH_CUDA_ARCH_LIST, else 9.0)")
-    grade.set_defaults(run=_grade)
+    grade.add_argument("--resume", action="store_true", help="finish the newest interrupted "
+                       "run of this task in --out: same seed and options, only what is missing")
+    grade.add_argument("--force", action="store_true", help="grade again even files whose "
+                       "result on this device and software is already stored")
+    grade.set_defaults(handler=_grade)
+
+    show = sub.add_parser("report", help="render leaderboard.md and results.json again from "
+                          "the results store, without grading")
+    show.add_argument("--out", type=Path, help="report folder (default: the checkout's reports/)")
+    show.add_argument("--run", type=int, dest="run_id", help="run id (default: the newest)")
+    show.set_defaults(handler=_report)
+
+    history = sub.add_parser("history", help="a submission's stored results across runs")
+    history.add_argument("name", help="submission name, e.g. l2norm_v3")
+    history.add_argument("--out", type=Path,
+                         help="report folder (default: the checkout's reports/)")
+    history.set_defaults(handler=_history)
 
     listing = sub.add_parser("list", help="show tasks and bundled submissions")
-    listing.set_defaults(run=_list)
+    listing.set_defaults(handler=_list)
 
     new = sub.add_parser("new", help="write a load_inline skeleton submission to fill in")
     new.add_argument("task", help="task name, e.g. l2norm")
     new.add_argument("name", help="submission name, e.g. v5 -> l2norm_v5.py")
     new.add_argument("--dir", type=Path, default=None,
                      help="where to write it (default: kbench/submissions)")
-    new.set_defaults(run=_new)
+    new.set_defaults(handler=_new)
     return parser
 
 
@@ -77,37 +93,104 @@ def _grade(args: argparse.Namespace) -> int:
     from kbench import report
     from kbench.discovery import DiscoveryError, find_submissions, task_of
     from kbench.grader import Grader, Options
+    from kbench.store import Store, StoreError
     from kbench.task import TaskError, load_task
 
     if args.jobs < 1:
         return _fail("--jobs must be at least 1")
+    out_dir = (args.out or paths.default_reports_dir()).resolve()
     try:
         submissions = find_submissions(args.paths)
         task = load_task(args.task or task_of(submissions))
-    except (DiscoveryError, TaskError) as exc:
+        store = Store(out_dir)
+    except (DiscoveryError, TaskError, StoreError) as exc:
         return _fail(str(exc))
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    settings = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch}
+    seed, run_id = args.seed, None
+    unfinished = store.unfinished_run(task.name)
+    if args.resume:
+        if unfinished is None:
+            return _fail(f"--resume: no interrupted run of {task.name} in {store.path}")
+        if unfinished.task_hash != task.digest:
+            return _fail(f"--resume: {task.path} or its reference changed since run "
+                         f"{unfinished.id} started; grade anew without --resume")
+        settings, seed, run_id = unfinished.options, unfinished.seed, unfinished.id
+    elif unfinished is not None:
+        print(f"note: run {unfinished.id} of {task.name} in {store.path} did not finish; "
+              "`kbench grade ... --resume` continues it", flush=True)
+    device = settings["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         return _fail("--device cuda: no CUDA device is visible to torch here")
-    seed = args.seed if args.seed is not None else secrets.randbits(31)
-    options = Options(device=device, out_dir=(args.out or paths.default_reports_dir()).resolve(),
+    seed = seed if seed is not None else secrets.randbits(31)
+    options = Options(device=device, out_dir=out_dir, jobs=args.jobs, seed=seed,
                       cache_dir=(args.cache_dir or paths.default_cache_dir()).resolve(),
-                      jobs=args.jobs, seed=seed, case_indices=args.cases,
-                      cuda_arch=args.cuda_arch)
+                      case_indices=settings["case_indices"], cuda_arch=settings["cuda_arch"])
+    resuming = f", resuming run {run_id}" if run_id else ""
     print(f"kbench {__version__}: task {task.name}, {len(submissions)} submission(s), "
-          f"device {device}, seed {seed}", flush=True)
+          f"device {device}, seed {seed}{resuming}", flush=True)
     try:
         grader = Grader(task, options, say=lambda line: print(line, flush=True))
     except ValueError as exc:
         return _fail(str(exc))
     total = len(submissions)
     done = iter(range(1, total + 1))
-    run = grader.grade(submissions, on_result=lambda r: print(
-        report.progress_line(r, next(done), total), flush=True))
-    board, data = report.write(run, options.out_dir)
+    run_id = grader.grade(submissions, store, run_id=run_id, force=args.force,
+                          on_result=lambda r: print(report.progress_line(r, next(done), total),
+                                                    flush=True))
+    return _render(store, run_id, out_dir, logs=True)
+
+
+def _render(store, run_id: int, out_dir: Path, logs: bool = False) -> int:
+    from kbench import report
+
+    run = store.load_run(run_id)
+    board, data = report.write(run, out_dir)
     print()
     print(report.leaderboard(run))
-    print(f"wrote {board} and {data}; logs in {options.out_dir / 'logs'}")
+    print(f"wrote {board} and {data}" + (f"; logs in {out_dir / 'logs'}" if logs else ""))
+    return 0
+
+
+def _open_store(out: Path | None):
+    """The results store in ``out``; it must exist already (these commands never grade)."""
+    from kbench.store import FILENAME, Store
+
+    out_dir = (out or paths.default_reports_dir()).resolve()
+    if not (out_dir / FILENAME).exists():
+        raise FileNotFoundError(f"no results store in {out_dir}: run kbench grade first")
+    return Store(out_dir), out_dir
+
+
+def _report(args: argparse.Namespace) -> int:
+    from kbench.store import StoreError
+
+    try:
+        store, out_dir = _open_store(args.out)
+        run_id = args.run_id or store.latest_run_id()
+        if run_id is None:
+            return _fail(f"{store.path}: no runs stored yet")
+        return _render(store, run_id, out_dir)
+    except (StoreError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+
+
+def _history(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from kbench.store import StoreError
+
+    try:
+        store, _ = _open_store(args.out)
+    except (StoreError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    rows = store.history(args.name)
+    if not rows:
+        return _fail(f"no stored results for {args.name} in {store.path}")
+    print(tabulate([[r["run"], r["when"], r["where"], r["kbench"], r["sha256"][:12], r["status"],
+                     f"{r['speedup']:.3f}x" if r["speedup"] else "-",
+                     f"run {r['reused_from']}" if r["reused_from"] else ""] for r in rows],
+                   headers=["run", "graded", "device", "kbench", "file sha256", "verdict",
+                            "speedup", "reused from"], tablefmt="github"))
     return 0
 
 

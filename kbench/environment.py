@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -38,6 +39,15 @@ def describe(device: str, toolchain: Toolchain) -> dict:
             "driver": _driver_version(),
         })
     return env
+
+
+_SOFTWARE_KEYS = ("device", "device_name", "python", "torch", "torch_cuda", "nvcc",
+                  "cuda_arch_list", "driver")
+
+
+def fingerprint(env: dict) -> str:
+    """What must match for an earlier result to stand for a new one: device and software."""
+    return json.dumps({k: env.get(k) for k in _SOFTWARE_KEYS}, sort_keys=True)
 
 
 def _cpu_model() -> str:

@@ -17,7 +17,6 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import psutil
@@ -29,8 +28,9 @@ from kbench.build import build_dir, find_toolchain
 from kbench.cases import Case, plan_cases, select
 from kbench.compare import compare
 from kbench.discovery import Submission
-from kbench.results import Benchmark, RunResult, SubmissionResult
-from kbench.sandbox import Sandbox, SandboxFailure, child_env
+from kbench.results import Benchmark, SubmissionResult
+from kbench.sandbox import Sandbox, SandboxFailure, child_env, remove_stale_logs
+from kbench.store import Store
 from kbench.task import Task
 from kbench.verdict import Status, Verdict
 
@@ -44,6 +44,16 @@ class Options:
     seed: int
     case_indices: list[int] | None = None  # only these cases, and no timing
     cuda_arch: str | None = None
+
+
+    def resumable(self) -> dict:
+        """What ``--resume`` must repeat besides the seed."""
+        return {"device": self.device, "case_indices": self.case_indices,
+                "cuda_arch": self.cuda_arch}
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -78,29 +88,56 @@ class Grader:
 
     # -- the run ---------------------------------------------------------------------------
 
-    def grade(self, submissions: list[Submission],
-              on_result: Callable[[SubmissionResult], None] = lambda r: None) -> RunResult:
-        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    def grade(self, submissions: list[Submission], store: Store, run_id: int | None = None,
+              force: bool = False,
+              on_result: Callable[[SubmissionResult], None] = lambda r: None) -> int:
+        """Grade into ``store``: a new run, or the rest of ``run_id``. Each result is stored the
+        moment it is known. Returns the run's id."""
+        env = environment.describe(self.device.type, self.toolchain)
+        fingerprint = environment.fingerprint(env)
+        if run_id is None:
+            run_id = store.start_run(
+                kbench_version=__version__, task=self.task.name, task_hash=self.task.digest,
+                seed=self.opts.seed, device=self.device.type, fingerprint=fingerprint,
+                options=self.opts.resumable(), environment=env)
+        remove_stale_logs(self.logs)
+        graded = store.graded_names(run_id)
+        todo = []
+        for sub in submissions:
+            if sub.name in graded:
+                continue
+            earlier = None if force or not self.timed else store.reusable(
+                _digest(sub.path), self.task.digest, __version__, fingerprint)
+            if earlier is None:
+                todo.append(sub)
+                continue
+            result = earlier[1]  # the same bytes, perhaps under another name
+            result.name, result.path, result.reused_from_run = sub.name, str(sub.path), earlier[0]
+            store.add_result(run_id, result)
+            on_result(result)
+        if todo:
+            self._grade_anew(todo, store, run_id, on_result)
+        store.finish_run(run_id)
+        return run_id
+
+    def _grade_anew(self, submissions: list[Submission], store: Store, run_id: int,
+                    on_result: Callable[[SubmissionResult], None]) -> None:
         self.say(f"building {len(submissions)} submission(s), {self.opts.jobs} at a time")
         with ThreadPoolExecutor(max_workers=self.opts.jobs) as pool:
             built = dict(zip(submissions, pool.map(self._build, submissions), strict=True))
-        notes = []
         reference: list[Benchmark] = []
         if self.timed:
             self.say(f"timing the reference on {len(self.task.benchmarks[self.device.type])} "
                      "shape(s)")
             reference = self._time_reference()
+            store.set_reference(run_id, reference, [])
         else:
-            notes.append("timing skipped: --case selects correctness cases only")
-        results = []
+            store.set_reference(run_id, [], ["timing skipped: --case selects correctness "
+                                             "cases only"])
         for sub in submissions:
             result = self._evaluate(sub, built[sub], reference)
+            store.add_result(run_id, result)
             on_result(result)
-            results.append(result)
-        return RunResult(kbench_version=__version__, task=self.task.name, seed=self.opts.seed,
-                         started=started, notes=notes,
-                         environment=environment.describe(self.device.type, self.toolchain),
-                         reference=reference, submissions=results)
 
     # -- build -----------------------------------------------------------------------------
 
@@ -131,7 +168,7 @@ class Grader:
                   reference: list[Benchmark]) -> SubmissionResult:
         source = sub.path.read_bytes()
         result = SubmissionResult(
-            name=sub.name, path=str(sub.path), sha256=hashlib.sha256(source).hexdigest(),
+            name=sub.name, path=str(sub.path), sha256=_digest(sub.path),
             status=Status.OK, cases_total=len(self.cases),
             flags=scan.flags(source.decode(errors="replace")), build_s=round(built.seconds, 2),
             logs=[str(self.logs / f"{sub.name}.build.log")])

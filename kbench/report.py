@@ -44,10 +44,11 @@ def leaderboard(run: RunResult) -> str:
              f"- device: {device} ({env.get('device')}), torch {env.get('torch')}, "
              f"CUDA {env.get('torch_cuda')}, driver {env.get('driver', '-')}, "
              f"nvcc {env.get('nvcc') or '-'}",
-             f"- kbench {run.kbench_version}, seed {run.seed}, started {run.started}",
+             f"- kbench {run.kbench_version}, run {run.run_id}, seed {run.seed}, "
+             f"started {run.started}",
              "- speedup = reference median / submission median per shape "
-             f"({_CLOCK[env.get('device')]}, one call at a time, cache flushed before each, "
-             "launch overhead included); overall = geometric mean over timed shapes", ""]
+             f"({_CLOCK.get(env.get('device'), 'clock unknown')}, one call at a time, "
+             "cache flushed before each, launch overhead included); overall = geometric mean over timed shapes", ""]
     lines += [f"- note: {note}" for note in run.notes]
     if run.reference:
         lines += ["", "## Reference", "",
@@ -57,7 +58,7 @@ def leaderboard(run: RunResult) -> str:
                            tablefmt="github")]
 
     ranked = _ranked(run)
-    shapes = [_shape(b) for b in run.reference]
+    shapes = list(dict.fromkeys(_shape(b) for s in ranked for b in s.benchmarks))
     lines += ["", "## Ranked", ""]
     if ranked:
         rows = []
@@ -66,7 +67,7 @@ def leaderboard(run: RunResult) -> str:
                                  else f"skipped: {b.skipped}") for b in sub.benchmarks}
             speed = f"{sub.speedup:.3f}x" if sub.speedup else "not timed"
             rows.append([rank, sub.name, speed, f"{sub.cases_passed}/{sub.cases_total}",
-                         *(cells.get(s, "-") for s in shapes), ", ".join(sub.flags)])
+                         *(cells.get(s, "-") for s in shapes), _labels(sub)])
         lines.append(tabulate(rows, headers=["#", "submission", "speedup", "cases", *shapes,
                                              "flags"], tablefmt="github"))
     else:
@@ -76,10 +77,15 @@ def leaderboard(run: RunResult) -> str:
     if failed:
         lines += ["", "## Not ranked", "",
                   tabulate([[s.name, s.status.value, f"{s.cases_passed}/{s.cases_total}",
-                             _one_line(s.reason), ", ".join(s.flags)] for s in failed],
+                             _one_line(s.reason), _labels(s)] for s in failed],
                            headers=["submission", "verdict", "cases", "reason", "flags"],
                            tablefmt="github")]
     return "\n".join(lines) + "\n"
+
+
+def _labels(sub: SubmissionResult) -> str:
+    reused = [f"reused from run {sub.reused_from_run}"] if sub.reused_from_run else []
+    return ", ".join([*sub.flags, *reused])
 
 
 def _one_line(text: str, limit: int = 240) -> str:
@@ -96,8 +102,18 @@ def write(run: RunResult, out_dir: Path) -> tuple[Path, Path]:
 
 
 def _atomic_write(path: Path, text: str) -> Path:
+    """Readers see the old file or the new one, never half of either."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 is for secrets, not reports
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path

@@ -36,6 +36,7 @@ class SubmissionResult:
     flags: list[str] = field(default_factory=list)
     build_s: float | None = None
     logs: list[str] = field(default_factory=list)
+    reused_from_run: int | None = None  # copied from that run: same file, task and software
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -53,10 +54,12 @@ class RunResult:
     reference: list[Benchmark]
     submissions: list[SubmissionResult]
     notes: list[str] = field(default_factory=list)
+    run_id: int | None = None  # in the results store
 
     def to_dict(self) -> dict:
         return {
             "kbench_version": self.kbench_version,
+            "run_id": self.run_id,
             "task": self.task,
             "seed": self.seed,
             "started": self.started,

@@ -87,15 +87,18 @@ class Sandbox:
 
     def __init__(self, log_path: Path, env: dict[str, str], memory_bytes: int,
                  log_bytes: int) -> None:
-        self.log_path = log_path
+        # Written under a private name, renamed into place on close: two graders sharing an
+        # output folder never interleave their logs.
+        self.final_log_path = log_path
+        self.log_path = log_path.with_name(f".{log_path.name}.{os.getpid()}.{id(self):x}")
         self.memory_bytes = memory_bytes
         self.log_bytes = log_bytes
         self.scratch = Path(tempfile.mkdtemp(prefix="kbench-sandbox-"))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         parent_end, child_end = socket.socketpair()
-        with open(log_path, "wb") as log:
+        with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kbench.worker", str(child_end.fileno())],
+                [sys.executable, "-m", "kbench.worker", str(child_end.fileno()), str(os.getpid())],
                 cwd=self.scratch, env=env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, pass_fds=(child_end.fileno(),),
                 start_new_session=True)
@@ -199,10 +202,21 @@ class Sandbox:
         self.kill()
         self.conn.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
+        if self.log_path != self.final_log_path:
+            os.replace(self.log_path, self.final_log_path)
+            self.log_path = self.final_log_path
 
     def log_text(self, limit: int = 256 << 10) -> str:
         """The log, or its first and last ``limit / 2`` bytes when it is longer."""
         return read_bounded(self.log_path, limit)
+
+
+def remove_stale_logs(folder: Path) -> None:
+    """Delete private log files left by graders that were killed (their pid is gone)."""
+    for path in folder.glob(".*.log.*.*"):
+        pid = path.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            path.unlink(missing_ok=True)
 
 
 def read_bounded(path: Path, limit: int) -> str:

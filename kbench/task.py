@@ -6,6 +6,7 @@ a silent default or a traceback deep inside grading.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,7 @@ class Task:
     benchmarks: dict[str, tuple[tuple[int, ...], ...]]  # device -> shapes
     timing: dict[str, Timing]  # device -> settings
     limits: Limits
+    digest: str  # sha256 of the task file and its reference module: a changed task re-grades
 
     def reference_module(self) -> ModuleType:
         return importlib.import_module(self.reference)
@@ -221,7 +223,9 @@ def _parse(raw: Any, path: Path) -> Task:
     lim = r.mapping(raw["limits"], "limits", limit_keys, limit_keys)
     limits = Limits(**{k: float(r.number(lim[k], f"limits.{k}", 0.001)) for k in limit_keys})
 
-    return Task(name=name, path=path, reference=reference,
+    digest = hashlib.sha256(path.read_bytes())
+    digest.update(Path(module.__file__).read_bytes())
+    return Task(name=name, path=path, reference=reference, digest=digest.hexdigest(),
                 semantics=r.text(raw["semantics"], "semantics"), dtypes=dtypes,
                 tolerance=tolerance, correctness=correctness, benchmark_dtype=benchmark_dtype,
                 benchmarks=benchmarks, timing=timing, limits=limits)

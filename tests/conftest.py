@@ -45,7 +45,7 @@ def quick_task(tmp_path: Path, **overrides) -> Path:
         section, _, name = key.rpartition(".")
         (raw[section] if section else raw)[name] = value
     folder = tmp_path / "task"
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / "l2norm.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path

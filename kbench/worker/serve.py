@@ -12,9 +12,12 @@ stdout and stderr are only a log). Each answer is ``{"ok": True, ...}`` or
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.util
 import multiprocessing
+import os
+import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection
@@ -96,7 +99,19 @@ def _error(stage: str, exc: BaseException) -> dict:
                                    "message": str(exc)[-20000:], "traceback": text[-20000:]}}
 
 
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to kill this process when kbench dies (even by SIGKILL), so a killed grading
+    run leaves no worker behind, hung kernels included."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(1)
+
+
 def main(argv: list[str]) -> int:
+    _die_with_parent(int(argv[1]))
     conn = Connection(int(argv[0]))
     # Tensors travel as shared memory; the descriptor handover authenticates with this key.
     multiprocessing.current_process().authkey = conn.recv_bytes(64)

@@ -1,0 +1,225 @@
+"""The results store: one SQLite file (WAL) in the output folder, written as grading goes.
+
+Every run and every submission's result is committed the moment it is known, so a kill at
+any point loses at most the submission in flight; reports are rendered from here, `--resume`
+finishes an interrupted run with its own seed, and unchanged files graded before on the same
+device and software are reused. Several kbench processes may share one store.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from kbench.results import Benchmark, RunResult, SubmissionResult
+from kbench.verdict import Status
+
+FILENAME = "kbench.sqlite3"
+_APPLICATION_ID = 0x6B62656E  # "kben": marks the file as kbench's
+_SCHEMA_VERSION = 1
+_BUSY_TIMEOUT_MS = 60_000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    started TEXT NOT NULL,
+    finished TEXT,                      -- NULL while running, or after a kill
+    kbench_version TEXT NOT NULL,
+    task TEXT NOT NULL,
+    task_hash TEXT NOT NULL,
+    seed INTEGER NOT NULL,
+    device TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,          -- device, torch, CUDA, driver, nvcc, arch: what reuse needs
+    options TEXT NOT NULL,              -- JSON: what --resume must repeat
+    environment TEXT NOT NULL,          -- JSON
+    notes TEXT NOT NULL DEFAULT '[]',   -- JSON
+    reference TEXT                      -- JSON list of Benchmark
+);
+CREATE TABLE IF NOT EXISTS results (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    name TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    status TEXT NOT NULL,
+    speedup REAL,
+    graded TEXT NOT NULL,
+    reused_from INTEGER,                -- the run it was copied from, when not graded again
+    data TEXT NOT NULL,                 -- JSON SubmissionResult
+    PRIMARY KEY (run_id, name)
+);
+CREATE INDEX IF NOT EXISTS results_by_file ON results (sha256, status);
+CREATE INDEX IF NOT EXISTS results_by_name ON results (name);
+"""
+
+
+class StoreError(Exception):
+    """The store cannot be used; the message names the file and what to do."""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    id: int
+    task: str
+    task_hash: str
+    seed: int
+    options: dict
+    finished: str | None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class Store:
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / FILENAME
+        self._check_is_ours()
+        self.db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_MS / 1000,
+                                  isolation_level=None, check_same_thread=False)
+        try:
+            self.db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            self.db.execute("PRAGMA journal_mode = WAL")
+            with self._write():
+                if self.db.execute("PRAGMA application_id").fetchone()[0] != _APPLICATION_ID:
+                    for statement in _SCHEMA.split(";"):
+                        self.db.execute(statement)
+                    self.db.execute(f"PRAGMA application_id = {_APPLICATION_ID}")
+                    self.db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            raise StoreError(f"{self.path}: cannot use this results store ({exc})") from None
+
+    def _check_is_ours(self) -> None:
+        """Refuse, without touching it, a file that is not an empty or kbench store."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        hint = "move it away, or grade with --out pointing elsewhere"
+        try:
+            probe = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+            try:
+                app_id = probe.execute("PRAGMA application_id").fetchone()[0]
+                version = probe.execute("PRAGMA user_version").fetchone()[0]
+                tables = probe.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            finally:
+                probe.close()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: not a kbench results store ({exc}); {hint}") from None
+        if tables and app_id != _APPLICATION_ID:
+            raise StoreError(f"{self.path}: an SQLite file that kbench did not write; {hint}")
+        if app_id == _APPLICATION_ID and version != _SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: written by a kbench with store version {version}, "
+                             f"this one reads {_SCHEMA_VERSION}; {hint}")
+
+    @contextmanager
+    def _write(self) -> Iterator[None]:
+        """One transaction that takes the write lock up front (waits up to the busy timeout)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- runs --------------------------------------------------------------------------------
+
+    def start_run(self, *, kbench_version: str, task: str, task_hash: str, seed: int,
+                  device: str, fingerprint: str, options: dict, environment: dict) -> int:
+        with self._write():
+            cursor = self.db.execute(
+                "INSERT INTO runs (started, kbench_version, task, task_hash, seed, device, "
+                "fingerprint, options, environment) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (_now(), kbench_version, task, task_hash, seed, device, fingerprint,
+                 json.dumps(options), json.dumps(environment)))
+        return int(cursor.lastrowid)
+
+    def unfinished_run(self, task: str) -> RunInfo | None:
+        """The newest run of ``task`` that never finished (killed, or still going elsewhere)."""
+        row = self.db.execute(
+            "SELECT id, task, task_hash, seed, options, finished FROM runs "
+            "WHERE task = ? AND finished IS NULL ORDER BY id DESC LIMIT 1", (task,)).fetchone()
+        return RunInfo(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5]) if row else None
+
+    def set_reference(self, run_id: int, reference: list[Benchmark], notes: list[str]) -> None:
+        with self._write():
+            self.db.execute("UPDATE runs SET reference = ?, notes = ? WHERE id = ?",
+                            (json.dumps([vars(b) for b in reference]), json.dumps(notes), run_id))
+
+    def finish_run(self, run_id: int) -> None:
+        with self._write():
+            self.db.execute("UPDATE runs SET finished = ? WHERE id = ?", (_now(), run_id))
+
+    def latest_run_id(self) -> int | None:
+        row = self.db.execute("SELECT max(id) FROM runs").fetchone()
+        return row[0]
+
+    # -- results -----------------------------------------------------------------------------
+
+    def add_result(self, run_id: int, result: SubmissionResult) -> None:
+        with self._write():
+            self.db.execute(
+                "INSERT OR REPLACE INTO results (run_id, name, sha256, status, speedup, graded, "
+                "reused_from, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, result.name, result.sha256, result.status.value, result.speedup, _now(),
+                 result.reused_from_run, json.dumps(result.to_dict())))
+
+    def graded_names(self, run_id: int) -> set[str]:
+        rows = self.db.execute("SELECT name FROM results WHERE run_id = ?", (run_id,))
+        return {r[0] for r in rows}
+
+    def reusable(self, sha256: str, task_hash: str, kbench_version: str,
+                 fingerprint: str) -> tuple[int, SubmissionResult] | None:
+        """The newest result for the same file, task, kbench and machine software, if any.
+
+        Results that kbench itself failed to produce (internal_error) are never reused.
+        """
+        row = self.db.execute(
+            "SELECT r.run_id, r.data FROM results r JOIN runs u ON u.id = r.run_id "
+            "WHERE r.sha256 = ? AND u.task_hash = ? AND u.kbench_version = ? "
+            "AND u.fingerprint = ? AND r.status != ? AND r.reused_from IS NULL "
+            "AND json_extract(u.options, '$.case_indices') IS NULL "
+            "ORDER BY r.run_id DESC LIMIT 1",
+            (sha256, task_hash, kbench_version, fingerprint, Status.INTERNAL_ERROR.value)
+        ).fetchone()
+        return (row[0], _result(json.loads(row[1]))) if row else None
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def load_run(self, run_id: int) -> RunResult:
+        row = self.db.execute(
+            "SELECT kbench_version, task, seed, started, environment, reference, notes "
+            "FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"{self.path}: no run {run_id}")
+        subs = [_result(json.loads(r[0])) for r in self.db.execute(
+            "SELECT data FROM results WHERE run_id = ? ORDER BY name", (run_id,))]
+        reference = [Benchmark(**b) for b in json.loads(row[5] or "[]")]
+        return RunResult(kbench_version=row[0], task=row[1], seed=row[2], started=row[3],
+                         environment=json.loads(row[4]), reference=reference, submissions=subs,
+                         notes=json.loads(row[6]), run_id=run_id)
+
+    def history(self, name: str) -> list[dict]:
+        """Every stored result of submission ``name``, oldest first."""
+        rows = self.db.execute(
+            "SELECT r.run_id, r.graded, u.environment, u.kbench_version, r.sha256, r.status, "
+            "r.speedup, r.reused_from, u.task FROM results r JOIN runs u ON u.id = r.run_id "
+            "WHERE r.name = ? ORDER BY r.run_id", (name,))
+        return [{"run": r[0], "when": r[1],
+                 "where": json.loads(r[2]).get("device_name", "?"), "kbench": r[3],
+                 "sha256": r[4], "status": r[5], "speedup": r[6], "reused_from": r[7],
+                 "task": r[8]} for r in rows]
+
+
+def _result(data: dict) -> SubmissionResult:
+    data = dict(data)
+    data["status"] = Status(data["status"])
+    data["benchmarks"] = [Benchmark(**b) for b in data.get("benchmarks", [])]
+    return SubmissionResult(**data)

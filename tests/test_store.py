@@ -1,0 +1,198 @@
+"""The results store: resume after kill -9, concurrent graders, reuse, history, bad files."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import FIXTURES, ROOT, by_name, grade, quick_task
+from kbench import cli, report
+from kbench.store import FILENAME, Store
+
+SLOW = FIXTURES / "slow"
+EXPECTED = {"l2norm_slow_a": "ok", "l2norm_slow_b": "wrong_output", "l2norm_slow_c": "ok",
+            "l2norm_slow_d": "runtime_error"}
+
+
+@pytest.fixture
+def task(tmp_path):
+    return quick_task(tmp_path)
+
+
+def start(args: list[str], out: Path, cache: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "kbench", "grade", *args, "--out", str(out),
+                             "--cache-dir", str(cache), "--jobs", "1"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def stored(out: Path) -> tuple[int, int]:
+    """(runs, results) in the store, read without disturbing the writer."""
+    path = out / FILENAME
+    if not path.exists():
+        return 0, 0
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            runs = db.execute("SELECT count(*) FROM runs").fetchone()[0]
+            results = db.execute("SELECT count(*) FROM results").fetchone()[0]
+        finally:
+            db.close()
+    except sqlite3.Error:  # the store is being created
+        return 0, 0
+    return runs, results
+
+
+def wait_for(condition, timeout: float = 180.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "timed out waiting"
+        time.sleep(0.05)
+
+
+def workers_of(pid: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "kbench.worker" in cmd and cmd[-1] == str(pid):
+            found.append(proc)
+    return found
+
+
+@pytest.mark.parametrize("kill_after", [0, 1, 3])
+def test_resume_after_kill_minus_9(tmp_path, task, cache_dir, kill_after):
+    out = tmp_path / "out"
+    proc = start([str(SLOW), "--task", str(task), "--seed", "99"], out, cache_dir)
+    if kill_after == 0:
+        wait_for(lambda: stored(out)[0] == 1)
+        time.sleep(1.0)  # mid-build
+    else:
+        wait_for(lambda: stored(out)[1] >= kill_after)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert stored(out)[1] < len(EXPECTED)
+    wait_for(lambda: not workers_of(proc.pid), timeout=30)  # its workers died with it
+
+    done = stored(out)[1]
+    resumed = start([str(SLOW), "--task", str(task), "--resume"], out, cache_dir)
+    output = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, output
+    assert "seed 99, resuming run 1" in output
+    assert output.count("] l2norm_slow_") == len(EXPECTED) - done  # only what was missing
+    results = json.loads((out / "results.json").read_text())
+    assert results["run_id"] == 1 and results["seed"] == 99
+    assert {n: s["status"] for n, s in by_name(results).items()} == EXPECTED
+    store = Store(out)
+    assert store.unfinished_run("l2norm") is None and store.latest_run_id() == 1
+    assert not list((out / "logs").glob(".*"))  # no half-written log left behind
+
+
+def test_two_graders_on_one_folder(tmp_path, task, cache_dir):
+    out = tmp_path / "out"
+    procs = [start([str(SLOW), "--task", str(task), "--seed", str(s)], out, cache_dir)
+             for s in (1, 2)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    store = Store(out)
+    for run_id in (1, 2):
+        run = store.load_run(run_id)
+        assert {s.name: s.status.value for s in run.submissions} == EXPECTED
+    assert store.unfinished_run("l2norm") is None
+    results = json.loads((out / "results.json").read_text())
+    assert results["run_id"] in (1, 2) and len(results["submissions"]) == len(EXPECTED)
+    assert not list((out / "logs").glob(".*"))
+
+
+def test_unchanged_file_reused_changed_one_regraded(tmp_path, task, cache_dir):
+    out = tmp_path / "out"
+    src = tmp_path / "l2norm_slow_a.py"
+    src.write_text((SLOW / "l2norm_slow_a.py").read_text())
+    args = [str(src), "--task", str(task)]
+    first = grade(args, out, cache_dir)[1]["submissions"][0]
+    assert first["status"] == "ok" and first["reused_from_run"] is None
+
+    again = grade(args, out, cache_dir)[1]["submissions"][0]
+    assert again["reused_from_run"] == 1 and again["speedup"] == first["speedup"]
+    assert "reused from run 1" in (out / "leaderboard.md").read_text()
+
+    forced = grade([*args, "--force"], out, cache_dir)[1]["submissions"][0]
+    assert forced["reused_from_run"] is None
+
+    src.write_text(src.read_text() + "\n# edited\n")
+    edited = grade(args, out, cache_dir)[1]["submissions"][0]
+    assert edited["reused_from_run"] is None and edited["sha256"] != first["sha256"]
+
+    other_task = quick_task(tmp_path / "t2", **{"correctness.random_cases": 4})
+    changed = grade([str(src), "--task", str(other_task)], out, cache_dir)[1]["submissions"][0]
+    assert changed["reused_from_run"] is None
+
+
+def test_history_and_report_from_the_store(tmp_path, task, cache_dir, capsys):
+    out = tmp_path / "out"
+    args = [str(SLOW / "l2norm_slow_b.py"), "--task", str(task)]
+    grade(args, out, cache_dir)
+    grade(args, out, cache_dir)
+    before = json.loads((out / "results.json").read_text())
+    (out / "results.json").unlink()
+    (out / "leaderboard.md").unlink()
+    capsys.readouterr()
+    assert cli.main(["report", "--out", str(out)]) == 0
+    assert json.loads((out / "results.json").read_text()) == before
+    assert (out / "leaderboard.md").exists()
+    assert cli.main(["report", "--out", str(out), "--run", "1"]) == 0
+    assert json.loads((out / "results.json").read_text())["run_id"] == 1
+
+    capsys.readouterr()
+    assert cli.main(["history", "l2norm_slow_b", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert table.count("wrong_output") == 2 and "run 1" in table
+    assert cli.main(["history", "l2norm_nobody", "--out", str(out)]) == 2
+
+
+@pytest.mark.parametrize("content", [b"this is not a database\n" * 50, "foreign"])
+def test_corrupt_or_foreign_store_refused_and_untouched(tmp_path, task, cache_dir, capsys,
+                                                        content):
+    out = tmp_path / "out"
+    out.mkdir()
+    path = out / FILENAME
+    if content == "foreign":
+        db = sqlite3.connect(path)
+        db.execute("CREATE TABLE notes (x TEXT)")
+        db.commit()
+        db.close()
+    else:
+        path.write_bytes(content)
+    before = path.read_bytes()
+    code, results = grade([str(SLOW / "l2norm_slow_a.py"), "--task", str(task)], out, cache_dir)
+    assert code == 2 and results is None
+    err = capsys.readouterr().err
+    assert str(path) in err and "move it away" in err
+    assert path.read_bytes() == before
+    assert cli.main(["report", "--out", str(out)]) == 2
+    assert path.read_bytes() == before
+
+
+def test_report_writes_are_atomic(tmp_path, monkeypatch):
+    store = Store(tmp_path)
+    run_id = store.start_run(kbench_version="0", task="l2norm", task_hash="h", seed=1,
+                             device="cpu", fingerprint="f", options={}, environment={})
+    run = store.load_run(run_id)
+    report.write(run, tmp_path)
+    old = (tmp_path / "leaderboard.md").read_text()
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    run.notes.append("a change that never lands")
+    with pytest.raises(OSError, match="disk full"):
+        report.write(run, tmp_path)
+    assert (tmp_path / "leaderboard.md").read_text() == old
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
