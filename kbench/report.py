@@ -48,7 +48,8 @@ def leaderboard(run: RunResult) -> str:
              f"started {run.started}",
              "- speedup = reference median / submission median per shape "
              f"({_CLOCK.get(env.get('device'), 'clock unknown')}, one call at a time, "
-             "cache flushed before each, launch overhead included); overall = geometric mean over timed shapes", ""]
+             "cache flushed before each, launch overhead included); overall = geometric mean "
+             "over timed shapes", ""]
     lines += [f"- note: {note}" for note in run.notes]
     if run.reference:
         lines += ["", "## Reference", "",

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import FIXTURES, ROOT, by_name, grade, quick_task
+
 from kbench import cli, report
 from kbench.store import FILENAME, Store
 
