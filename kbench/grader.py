@@ -3,8 +3,8 @@
 One submission's path through this file: ``_build`` (its own process and build folder, in
 parallel with the others) -> ``_evaluate``: a fresh process imports it, ``_check`` feeds it each
 case and compares its output with the reference computed here afterwards, ``_time`` times it
-shape by shape -> a Verdict and a SubmissionResult. The reference is timed by ``_time_reference``
-in a process that never saw a candidate, with the same stopwatch.
+shape by shape -> a Verdict and a SubmissionResult, stored at once. ``_time_reference`` puts
+the reference through the same checks and stopwatch in a process that never saw a candidate.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ class Options:
     seed: int
     case_indices: list[int] | None = None  # only these cases, and no timing
     cuda_arch: str | None = None
-
 
     def resumable(self) -> dict:
         """What ``--resume`` must repeat besides the seed."""
@@ -166,15 +165,13 @@ class Grader:
 
     def _evaluate(self, sub: Submission, built: _Built,
                   reference: list[Benchmark]) -> SubmissionResult:
-        source = sub.path.read_bytes()
+        source = sub.path.read_text(errors="replace")
         result = SubmissionResult(
             name=sub.name, path=str(sub.path), sha256=_digest(sub.path),
-            status=Status.OK, cases_total=len(self.cases),
-            flags=scan.flags(source.decode(errors="replace")), build_s=round(built.seconds, 2),
-            logs=[str(self.logs / f"{sub.name}.build.log")])
+            status=Status.OK, cases_total=len(self.cases), flags=scan.flags(source),
+            build_s=round(built.seconds, 2), logs=[str(self.logs / f"{sub.name}.build.log")])
         verdict = built.verdict
-        if verdict is None and self.device.type == "cpu" and scan.needs_cuda(
-                source.decode(errors="replace")):
+        if verdict is None and self.device.type == "cpu" and scan.needs_cuda(source):
             tools = self.toolchain
             verdict = Verdict(Status.SKIPPED, f"built with nvcc {tools.nvcc_version} for CUDA arch "
                               f"{tools.arch_list}; needs a CUDA device to run")
@@ -196,8 +193,9 @@ class Grader:
         result.status, result.reason = verdict.status, verdict.reason
         return result
 
-    def _check(self, box: Sandbox, sub: Submission, result: SubmissionResult) -> None:
-        """Every case: fresh inputs here, the candidate's output back, the reference after."""
+    def _check(self, box: Sandbox, sub: Submission, result: SubmissionResult | None) -> None:
+        """Every case: fresh inputs here, the candidate's output back, the reference after.
+        Passed cases are counted in ``result``; the first failure raises _Stop."""
         for case in self.cases:
             inputs = self.reference.make_inputs(case.shape, case.dtype, case.distribution,
                                                 case.seed, self.device)
@@ -224,7 +222,8 @@ class Grader:
                 failure.update(max_abs_err=outcome.max_abs_err, max_rel_err=outcome.max_rel_err)
                 raise _Stop(Verdict(Status.WRONG_OUTPUT, f"{case.describe()}: {outcome.reason}"),
                             failure)
-            result.cases_passed += 1
+            if result is not None:
+                result.cases_passed += 1
 
     def _failure(self, sub: Submission, case: Case) -> dict:
         return {"case": case.to_dict(),
@@ -249,16 +248,14 @@ class Grader:
         dtype = self.task.benchmark_dtype
         benches = [Benchmark(shape=list(s), dtype=dtype)
                    for s in self.task.benchmarks[self.device.type]]
-        path = Path(self.reference.__file__)
-        request = {"op": "load", "path": str(path), "module_name": "kbench_reference",
-                   "class_name": "Model", "init_args": self.init_args,
-                   "device": self.device.type, "reference": self.task.reference,
-                   "instantiate": True}
+        reference = Submission("reference", Path(self.reference.__file__))
         try:
             with self._sandbox("reference.run.log", child_env({})) as box:
-                self._call(box, request, self.task.limits.load_s, "load")
-                self._check(box, Submission("reference", path), SubmissionResult(
-                    name="reference", path=str(path), sha256="", status=Status.OK))
+                self._call(box, self._load_request(reference, True, "Model"),
+                           self.task.limits.load_s, "load")
+                # The reference passes its own cases too: proof that the tolerances accept its
+                # arithmetic, and the same process history as a candidate's before timing.
+                self._check(box, reference, None)
                 for i, bench in enumerate(benches):
                     bench.skipped = self._unfit(bench.shape)
                     if bench.skipped is None:
@@ -306,9 +303,10 @@ class Grader:
         return Sandbox(self.logs / log_name, env, memory_bytes=int(limits.host_memory_gib * 2**30),
                        log_bytes=int(limits.log_mib * 2**20))
 
-    def _load_request(self, sub: Submission, instantiate: bool) -> dict:
+    def _load_request(self, sub: Submission, instantiate: bool,
+                      class_name: str = "ModelNew") -> dict:
         return {"op": "load", "path": str(sub.path.resolve()),
-                "module_name": f"kbench_submission_{sub.name}", "class_name": "ModelNew",
+                "module_name": f"kbench_submission_{sub.name}", "class_name": class_name,
                 "init_args": self.init_args, "device": self.device.type,
                 "reference": self.task.reference, "instantiate": instantiate}
 

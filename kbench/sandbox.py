@@ -12,6 +12,7 @@ plain data only, so nothing the child sends can make the parent import or run it
 
 from __future__ import annotations
 
+import contextlib
 import io
 import multiprocessing
 import os
@@ -203,7 +204,8 @@ class Sandbox:
         self.conn.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
         if self.log_path != self.final_log_path:
-            os.replace(self.log_path, self.final_log_path)
+            with contextlib.suppress(FileNotFoundError):  # a worker may delete its own log
+                os.replace(self.log_path, self.final_log_path)
             self.log_path = self.final_log_path
 
     def log_text(self, limit: int = 256 << 10) -> str:

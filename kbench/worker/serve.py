@@ -1,8 +1,9 @@
 """The child process's main loop: import one module, then answer the trusted side's requests.
 
-Requests arrive as dicts over the private channel (a socket inherited as a file descriptor;
-stdout and stderr are only a log). Each answer is ``{"ok": True, ...}`` or
-``{"ok": False, "error": {...}}``; crashes and hangs are for the parent to notice.
+Started as ``python -m kbench.worker CHANNEL_FD PARENT_PID``. Requests arrive as dicts over the
+private channel (a socket inherited as a file descriptor; stdout and stderr are only a log).
+Each answer is ``{"ok": True, ...}`` or ``{"ok": False, "error": {...}}``; crashes and hangs
+are for the parent to notice.
 
   load  {path, module_name, class_name, init_args, device, reference, instantiate}
   run   {inputs}                       -> {output} or {output: None, output_type}
