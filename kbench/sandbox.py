@@ -153,7 +153,8 @@ class Sandbox:
         self.kill()
         if code < 0:
             name = signal.Signals(-code).name if -code in signal.valid_signals() else -code
-            raise SandboxFailure(Status.CRASHED, f"worker killed by signal {name}")
+            hint = " (the kernel's out-of-memory killer sends this)" if name == "SIGKILL" else ""
+            raise SandboxFailure(Status.CRASHED, f"worker killed by signal {name}{hint}")
         raise SandboxFailure(Status.CRASHED, f"worker exited with status {code} mid-request")
 
     def _enforce_limits(self) -> None:

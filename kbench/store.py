@@ -80,7 +80,7 @@ class Store:
         self.path = folder / FILENAME
         self._check_is_ours()
         self.db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_MS / 1000,
-                                  isolation_level=None, check_same_thread=False)
+                                  isolation_level=None)
         try:
             self.db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
             self.db.execute("PRAGMA journal_mode = WAL")
