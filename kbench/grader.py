@@ -55,6 +55,10 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# Copy-bandwidth buffers (each of source and destination): far past any cache.
+_COPY_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}
+
+
 @dataclass(frozen=True)
 class _Built:
     verdict: Verdict | None
@@ -128,11 +132,11 @@ class Grader:
         if self.timed:
             self.say(f"timing the reference on {len(self.task.benchmarks[self.device.type])} "
                      "shape(s)")
-            reference = self._time_reference()
-            store.set_reference(run_id, reference, [])
+            reference, copy_gbps = self._time_reference()
+            store.set_reference(run_id, reference, copy_gbps, [])
         else:
-            store.set_reference(run_id, [], ["timing skipped: --case selects correctness "
-                                             "cases only"])
+            store.set_reference(run_id, [], None, ["timing skipped: --case selects correctness "
+                                                   "cases only"])
         for sub in submissions:
             result = self._evaluate(sub, built[sub], reference)
             store.add_result(run_id, result)
@@ -235,20 +239,28 @@ class Grader:
     def _time(self, box: Sandbox, result: SubmissionResult, reference: list[Benchmark]) -> None:
         for i, ref in enumerate(reference):
             bench = Benchmark(shape=ref.shape, dtype=ref.dtype, ref_ms=ref.ref_ms,
-                              ref_samples=ref.ref_samples, skipped=ref.skipped)
+                              ref_ci=ref.ref_ci, ref_samples=ref.ref_samples,
+                              ref_gbps=ref.ref_gbps, skipped=ref.skipped)
             result.benchmarks.append(bench)
             if ref.skipped:
                 continue
-            samples = self._samples(box, i, ref.shape)
-            bench.ms, bench.samples = stats.median(samples), len(samples)
-            bench.speedup = ref.ref_ms / bench.ms
-        result.speedup = stats.geomean([b.speedup for b in result.benchmarks if b.speedup])
+            est = self._samples(box, i, ref.shape)
+            bench.ms, bench.ci, bench.samples = est.median, [est.low, est.high], est.samples
+            bench.gbps = self._gbps(ref.shape, est.median)
+            ref_est = stats.Estimate(ref.ref_ms, *ref.ref_ci, ref.ref_samples)
+            bench.speedup, *bench.speedup_ci = stats.ratio(ref_est, est)
+        timed = [b for b in result.benchmarks if b.speedup]
+        result.speedup = stats.geomean([b.speedup for b in timed])
+        if timed:
+            result.speedup_ci = [stats.geomean([b.speedup_ci[k] for b in timed]) for k in (0, 1)]
 
-    def _time_reference(self) -> list[Benchmark]:
+    def _time_reference(self) -> tuple[list[Benchmark], float | None]:
+        """The reference's timings per shape, and the device's copy bandwidth in GB/s."""
         dtype = self.task.benchmark_dtype
         benches = [Benchmark(shape=list(s), dtype=dtype)
                    for s in self.task.benchmarks[self.device.type]]
         reference = Submission("reference", Path(self.reference.__file__))
+        copy_gbps = None
         try:
             with self._sandbox("reference.run.log", child_env({})) as box:
                 self._call(box, self._load_request(reference, True, "Model"),
@@ -256,35 +268,53 @@ class Grader:
                 # The reference passes its own cases too: proof that the tolerances accept its
                 # arithmetic, and the same process history as a candidate's before timing.
                 self._check(box, reference, None)
+                copy_gbps = self._copy_gbps(box)
                 for i, bench in enumerate(benches):
                     bench.skipped = self._unfit(bench.shape)
                     if bench.skipped is None:
-                        samples = self._samples(box, i, bench.shape)
-                        bench.ref_ms, bench.ref_samples = stats.median(samples), len(samples)
+                        est = self._samples(box, i, bench.shape)
+                        bench.ref_ms, bench.ref_ci = est.median, [est.low, est.high]
+                        bench.ref_samples = est.samples
+                        bench.ref_gbps = self._gbps(bench.shape, est.median)
         except _Stop as stop:
             for bench in benches:
                 if bench.ref_ms is None and bench.skipped is None:
                     bench.skipped = f"the reference failed: {stop.verdict.reason}"
-        return benches
+        return benches, copy_gbps
 
-    def _samples(self, box: Sandbox, index: int, shape: list[int]) -> list[float]:
-        """Timing samples for benchmark ``index``; same inputs (by seed) for every side."""
+    def _copy_gbps(self, box: Sandbox) -> float:
+        """Device-to-device copy bandwidth (bytes read plus written), by the same stopwatch."""
+        nbytes = _COPY_BYTES[self.device.type]
+        est = self._timed(box, {"op": "copy", "nbytes": nbytes}, "copy bandwidth")
+        return 2 * nbytes / (est.median * 1e-3) / 1e9
+
+    def _gbps(self, shape: list[int], ms: float) -> float:
+        """Achieved GB/s: the task's minimum traffic for this shape over the median time."""
+        return self.task.min_traffic * math.prod(shape) * self._itemsize() / (ms * 1e-3) / 1e9
+
+    def _itemsize(self) -> int:
+        return torch.empty(0, dtype=getattr(torch, self.task.benchmark_dtype)).element_size()
+
+    def _samples(self, box: Sandbox, index: int, shape: list[int]) -> stats.Estimate:
+        """Timing for benchmark ``index``; same inputs (by seed) for every side."""
         seed = random.Random(f"{self.opts.seed}/benchmark/{index}").getrandbits(62)
-        timing = self.task.timing[self.device.type]
-        stage = f"benchmark {'x'.join(map(str, shape))}"
-        answer = self._call(box, {"op": "time", "shape": shape, "dtype": self.task.benchmark_dtype,
-                                  "seed": seed, "timing": vars(timing)},
+        return self._timed(box, {"op": "time", "shape": shape, "seed": seed,
+                                 "dtype": self.task.benchmark_dtype},
+                           f"benchmark {'x'.join(map(str, shape))}")
+
+    def _timed(self, box: Sandbox, request: dict, stage: str) -> stats.Estimate:
+        """Send a timing request with the task's settings; check and summarise the samples."""
+        answer = self._call(box, {**request, "timing": vars(self.task.timing[self.device.type])},
                             self.task.limits.benchmark_s, stage)
         samples = answer.get("samples_ms")
         if (not isinstance(samples, list) or not samples
                 or not all(isinstance(s, float) and math.isfinite(s) and s > 0 for s in samples)):
             raise _Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker sent no valid timings"))
-        return samples
+        return stats.estimate(samples)
 
     def _unfit(self, shape: list[int]) -> str | None:
         """Why a benchmark shape cannot run here (input, output and one temporary must fit)."""
-        itemsize = torch.empty(0, dtype=getattr(torch, self.task.benchmark_dtype)).element_size()
-        need = 3 * math.prod(shape) * itemsize
+        need = 3 * math.prod(shape) * self._itemsize()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
             free, where = torch.cuda.mem_get_info(self.device)[0], "on the device"

@@ -17,7 +17,7 @@ _CLOCK = {"cuda": "CUDA events, device synchronised after each call", "cpu": "wa
 
 def progress_line(result: SubmissionResult, index: int, total: int) -> str:
     if result.status is Status.OK:
-        speed = f"{result.speedup:.3f}x" if result.speedup else "not timed"
+        speed = _speedup(result.speedup, result.speedup_ci)
         detail = f"{speed}, {result.cases_passed}/{result.cases_total} cases"
     else:
         detail = result.reason
@@ -30,6 +30,21 @@ def _shape(b: Benchmark) -> str:
 
 def _ms(value: float | None) -> str:
     return f"{value:.4g} ms" if value is not None else "-"
+
+
+def _interval(bounds: list[float] | None, digits: int = 4) -> str:
+    return f"{bounds[0]:.{digits}g}-{bounds[1]:.{digits}g}" if bounds else "-"
+
+
+def _speedup(value: float | None, bounds: list[float] | None) -> str:
+    return f"{value:.3f}x ({_interval(bounds)})" if value else "not timed"
+
+
+def _bandwidth(gbps: float | None, copy_gbps: float | None) -> str:
+    if gbps is None:
+        return "-"
+    share = f" ({100 * gbps / copy_gbps:.0f}% of copy)" if copy_gbps else ""
+    return f"{gbps:.0f} GB/s{share}"
 
 
 def _ranked(run: RunResult) -> list[SubmissionResult]:
@@ -49,14 +64,19 @@ def leaderboard(run: RunResult) -> str:
              "- speedup = reference median / submission median per shape "
              f"({_CLOCK.get(env.get('device'), 'clock unknown')}, one call at a time, "
              "cache flushed before each, launch overhead included); overall = geometric mean "
-             "over timed shapes", ""]
+             "over timed shapes; intervals are 95 % for medians, and bound the speedup while "
+             "both medians lie in theirs"]
+    if run.copy_gbps:
+        lines.append(f"- copy bandwidth (device to device, read + write, this run): "
+                     f"{run.copy_gbps:.0f} GB/s; achieved GB/s count the task's minimum traffic")
     lines += [f"- note: {note}" for note in run.notes]
     if run.reference:
         lines += ["", "## Reference", "",
-                  tabulate([[_shape(b), b.dtype, _ms(b.ref_ms), b.ref_samples, b.skipped or ""]
-                            for b in run.reference],
-                           headers=["shape", "dtype", "median", "samples", "skipped"],
-                           tablefmt="github")]
+                  tabulate([[_shape(b), b.dtype, _ms(b.ref_ms), _interval(b.ref_ci),
+                             b.ref_samples, _bandwidth(b.ref_gbps, run.copy_gbps),
+                             b.skipped or ""] for b in run.reference],
+                           headers=["shape", "dtype", "median", "95% interval (ms)", "samples",
+                                    "achieved", "skipped"], tablefmt="github")]
 
     ranked = _ranked(run)
     shapes = list(dict.fromkeys(_shape(b) for s in ranked for b in s.benchmarks))
@@ -64,9 +84,10 @@ def leaderboard(run: RunResult) -> str:
     if ranked:
         rows = []
         for rank, sub in enumerate(ranked, 1):
-            cells = {_shape(b): (f"{b.speedup:.3f}x ({_ms(b.ms)})" if b.speedup
+            cells = {_shape(b): (f"{_speedup(b.speedup, b.speedup_ci)}, {_ms(b.ms)}, "
+                                 f"{_bandwidth(b.gbps, run.copy_gbps)}" if b.speedup
                                  else f"skipped: {b.skipped}") for b in sub.benchmarks}
-            speed = f"{sub.speedup:.3f}x" if sub.speedup else "not timed"
+            speed = _speedup(sub.speedup, sub.speedup_ci)
             rows.append([rank, sub.name, speed, f"{sub.cases_passed}/{sub.cases_total}",
                          *(cells.get(s, "-") for s in shapes), _labels(sub)])
         lines.append(tabulate(rows, headers=["#", "submission", "speedup", "cases", *shapes,

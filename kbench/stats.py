@@ -1,16 +1,60 @@
-"""Summary statistics of timing samples (raw samples come from the worker's stopwatch)."""
+"""Statistics of timing samples: medians with confidence intervals, ratios and their means.
+
+Timing noise is skewed (a preempted call is slow, never fast), so kbench reports medians, and
+their intervals come from order statistics, which assume no distribution.
+"""
 
 from __future__ import annotations
 
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+_Z95 = 1.959963984540054
 
 
-def median(samples: Sequence[float]) -> float:
+@dataclass(frozen=True)
+class Estimate:
+    """A median and its distribution-free 95 % confidence interval, in the samples' unit."""
+
+    median: float
+    low: float
+    high: float
+    samples: int
+
+    @property
+    def rel_halfwidth(self) -> float:
+        """Half the interval's width over the median: the relative precision reached."""
+        return (self.high - self.low) / 2 / self.median
+
+
+def estimate(samples: Sequence[float]) -> Estimate:
+    """The median and the order statistics that bracket it with 95 % confidence.
+
+    Ranks j and k (1-based) are n/2 -/+ 1.96 sqrt(n)/2, the normal approximation to the
+    binomial(n, 1/2) count of samples below the true median; with fewer than 6 samples the
+    interval is the whole range.
+    """
     if not samples:
         raise ValueError("no samples")
-    return statistics.median(samples)
+    xs = sorted(samples)
+    n = len(xs)
+    half = _Z95 * math.sqrt(n) / 2
+    j = max(1, math.floor(n / 2 - half))
+    k = min(n, math.ceil(n / 2 + 1 + half))
+    return Estimate(statistics.median(xs), xs[j - 1], xs[k - 1], n)
+
+
+def converged(samples: Sequence[float], target: float) -> bool:
+    """True once the median's interval half-width is within ``target`` (relative)."""
+    return estimate(samples).rel_halfwidth <= target
+
+
+def ratio(numerator: Estimate, denominator: Estimate) -> tuple[float, float, float]:
+    """A speedup and an interval that holds whenever both medians lie in their intervals."""
+    return (numerator.median / denominator.median, numerator.low / denominator.high,
+            numerator.high / denominator.low)
 
 
 def geomean(values: Sequence[float]) -> float | None:

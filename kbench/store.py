@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS runs (
     options TEXT NOT NULL,              -- JSON: what --resume must repeat
     environment TEXT NOT NULL,          -- JSON
     notes TEXT NOT NULL DEFAULT '[]',   -- JSON
-    reference TEXT                      -- JSON list of Benchmark
+    reference TEXT,                     -- JSON list of Benchmark
+    copy_gbps REAL                      -- the device's copy bandwidth, measured in this run
 );
 CREATE TABLE IF NOT EXISTS results (
     run_id INTEGER NOT NULL REFERENCES runs(id),
@@ -148,10 +149,12 @@ class Store:
             "WHERE task = ? AND finished IS NULL ORDER BY id DESC LIMIT 1", (task,)).fetchone()
         return RunInfo(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5]) if row else None
 
-    def set_reference(self, run_id: int, reference: list[Benchmark], notes: list[str]) -> None:
+    def set_reference(self, run_id: int, reference: list[Benchmark], copy_gbps: float | None,
+                      notes: list[str]) -> None:
         with self._write():
-            self.db.execute("UPDATE runs SET reference = ?, notes = ? WHERE id = ?",
-                            (json.dumps([vars(b) for b in reference]), json.dumps(notes), run_id))
+            self.db.execute("UPDATE runs SET reference = ?, copy_gbps = ?, notes = ? WHERE id = ?",
+                            (json.dumps([vars(b) for b in reference]), copy_gbps,
+                             json.dumps(notes), run_id))
 
     def finish_run(self, run_id: int) -> None:
         with self._write():
@@ -195,8 +198,8 @@ class Store:
 
     def load_run(self, run_id: int) -> RunResult:
         row = self.db.execute(
-            "SELECT kbench_version, task, seed, started, environment, reference, notes "
-            "FROM runs WHERE id = ?", (run_id,)).fetchone()
+            "SELECT kbench_version, task, seed, started, environment, reference, notes, "
+            "copy_gbps FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise StoreError(f"{self.path}: no run {run_id}")
         subs = [_result(json.loads(r[0])) for r in self.db.execute(
@@ -204,7 +207,7 @@ class Store:
         reference = [Benchmark(**b) for b in json.loads(row[5] or "[]")]
         return RunResult(kbench_version=row[0], task=row[1], seed=row[2], started=row[3],
                          environment=json.loads(row[4]), reference=reference, submissions=subs,
-                         notes=json.loads(row[6]), run_id=run_id)
+                         notes=json.loads(row[6]), run_id=run_id, copy_gbps=row[7])
 
     def history(self, name: str) -> list[dict]:
         """Every stored result of submission ``name``, oldest first."""

@@ -52,6 +52,7 @@ class Timing:
     min_samples: int
     max_samples: int
     budget_ms: float  # per benchmark shape and side
+    target_ci: float  # stop once the median's 95 % interval is this close (relative half-width)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class Task:
     tolerance: dict[str, Tolerance]
     correctness: Correctness
     benchmark_dtype: str
+    min_traffic: int  # tensors of the input's size that must cross memory: bytes for GB/s
     benchmarks: dict[str, tuple[tuple[int, ...], ...]]  # device -> shapes
     timing: dict[str, Timing]  # device -> settings
     limits: Limits
@@ -200,7 +202,7 @@ def _parse(raw: Any, path: Path) -> Task:
 
     correctness = _parse_correctness(r, raw["correctness"], module)
 
-    bench_keys = {"dtype", "cpu", "cuda"}
+    bench_keys = {"dtype", "min_traffic", "cpu", "cuda"}
     bench = r.mapping(raw["benchmarks"], "benchmarks", bench_keys, bench_keys)
     benchmark_dtype = r.choice(bench["dtype"], "benchmarks.dtype", dtypes)
     benchmarks = {d: r.shapes(bench[d], f"benchmarks.{d}") for d in DEVICES}
@@ -210,13 +212,14 @@ def _parse(raw: Any, path: Path) -> Task:
                 raise r.fail(f"benchmarks.{d}[{i}]",
                              f"{len(correctness.random_shape)} dimensions", list(shape))
 
-    timing_keys = {"warmup_ms", "min_samples", "max_samples", "budget_ms"}
+    timing_keys = {"warmup_ms", "min_samples", "max_samples", "budget_ms", "target_ci"}
     t = r.mapping(raw["timing"], "timing", timing_keys, timing_keys)
     min_samples = r.number(t["min_samples"], "timing.min_samples", 1, integer=True)
     max_samples = r.number(t["max_samples"], "timing.max_samples", min_samples, integer=True)
     warmup = r.per_device(t["warmup_ms"], "timing.warmup_ms", r.number)
     budget = r.per_device(t["budget_ms"], "timing.budget_ms", r.number)
-    timing = {d: Timing(float(warmup[d]), min_samples, max_samples, float(budget[d]))
+    target = float(r.number(t["target_ci"], "timing.target_ci", 0.0001))
+    timing = {d: Timing(float(warmup[d]), min_samples, max_samples, float(budget[d]), target)
               for d in DEVICES}
 
     limit_keys = {"build_s", "load_s", "case_s", "benchmark_s", "host_memory_gib", "log_mib"}
@@ -228,7 +231,9 @@ def _parse(raw: Any, path: Path) -> Task:
     return Task(name=name, path=path, reference=reference, digest=digest.hexdigest(),
                 semantics=r.text(raw["semantics"], "semantics"), dtypes=dtypes,
                 tolerance=tolerance, correctness=correctness, benchmark_dtype=benchmark_dtype,
-                benchmarks=benchmarks, timing=timing, limits=limits)
+                benchmarks=benchmarks, timing=timing, limits=limits,
+                min_traffic=r.number(bench["min_traffic"], "benchmarks.min_traffic", 1,
+                                     integer=True))
 
 
 def _parse_correctness(r: _Reader, raw: Any, module: ModuleType) -> Correctness:

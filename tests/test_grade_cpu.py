@@ -79,6 +79,11 @@ def test_correct_submissions_are_timed_and_ranked(run):
         bench = sub["benchmarks"][0]
         assert bench["ms"] > 0 and bench["ref_ms"] > 0 and bench["samples"] >= 3
         assert bench["speedup"] == pytest.approx(bench["ref_ms"] / bench["ms"])
+        assert bench["ci"][0] <= bench["ms"] <= bench["ci"][1]
+        assert bench["speedup_ci"][0] <= bench["speedup"] <= bench["speedup_ci"][1]
+        assert bench["gbps"] == pytest.approx(2 * 16 * 1024 * 4 / bench["ms"] / 1e6)
+        assert sub["speedup_ci"][0] <= sub["speedup"] <= sub["speedup_ci"][1]
+    assert results["copy_gbps"] > 0
     assert by_name(results)["l2norm_torch_ok"]["flags"] == ["no-custom-kernel"]
     assert by_name(results)["l2norm_cpp_ok"]["flags"] == []
     board = (out / "leaderboard.md").read_text()

@@ -8,6 +8,7 @@ are for the parent to notice.
   load  {path, module_name, class_name, init_args, device, reference, instantiate}
   run   {inputs}                       -> {output} or {output: None, output_type}
   time  {shape, dtype, seed, timing}   -> {samples_ms}
+  copy  {nbytes, timing}               -> {samples_ms}  (the copy-bandwidth yardstick)
   exit
 """
 
@@ -87,6 +88,21 @@ class Worker:
             return _error("benchmark", exc)
         finally:
             inputs = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        return {"ok": True, "samples_ms": samples}
+
+
+    def copy(self, nbytes: int, timing: dict) -> dict:
+        self.last_output = None
+        try:
+            src = torch.ones(nbytes, dtype=torch.uint8, device=self.device)
+            dst = torch.empty_like(src)
+            samples = measure(lambda: dst.copy_(src), self.device, **timing)
+        except BaseException as exc:
+            return _error("copy bandwidth", exc)
+        finally:
+            src = dst = None
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         return {"ok": True, "samples_ms": samples}

@@ -11,18 +11,22 @@ from collections.abc import Callable
 
 import torch
 
+from kbench.stats import converged
+
 _CPU_FLUSH_BYTES = 64 << 20  # larger than the last-level cache of the CPUs we grade on
 
 
 def measure(call: Callable[[], object], device: torch.device, *, warmup_ms: float,
-            min_samples: int, max_samples: int, budget_ms: float) -> list[float]:
+            min_samples: int, max_samples: int, budget_ms: float,
+            target_ci: float) -> list[float]:
     """Milliseconds per call of ``call``.
 
     The first call runs untimed (it may JIT or load), then calls repeat for ``warmup_ms``. Each
     timed call starts after the device is idle and the cache has been flushed (a write of twice
     the L2 on CUDA); CUDA calls are timed with events and followed by a device-wide sync, so
     work left on other streams is waited for before the next call. Sampling stops once
-    ``min_samples`` are in and ``budget_ms`` of wall time has passed, or at ``max_samples``.
+    ``min_samples`` are in and the median's 95 % interval is within ``target_ci`` of it
+    (relative half-width), or ``budget_ms`` of wall time has passed, or at ``max_samples``.
     """
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -37,8 +41,7 @@ def measure(call: Callable[[], object], device: torch.device, *, warmup_ms: floa
 
     samples: list[float] = []
     budget_end = time.perf_counter() + budget_ms / 1e3
-    while len(samples) < max_samples and (len(samples) < min_samples
-                                          or time.perf_counter() < budget_end):
+    while len(samples) < min_samples or not _done(samples, max_samples, budget_end, target_ci):
         flush.zero_()
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -52,6 +55,12 @@ def measure(call: Callable[[], object], device: torch.device, *, warmup_ms: floa
             call()
             samples.append((time.perf_counter() - t0) * 1e3)
     return samples
+
+
+def _done(samples: list[float], max_samples: int, budget_end: float, target_ci: float) -> bool:
+    if len(samples) >= max_samples or time.perf_counter() >= budget_end:
+        return True
+    return len(samples) % 5 == 0 and converged(samples, target_ci)  # every 5th: sorting costs
 
 
 def _flush_bytes(device: torch.device) -> int:

@@ -1,0 +1,76 @@
+import math
+import random
+import time
+
+import pytest
+import torch
+
+from kbench import stats
+from kbench.worker.timing import measure
+
+
+def test_estimate_brackets_the_median():
+    est = stats.estimate([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert est.median == 3.0 and (est.low, est.high) == (1.0, 5.0)  # n < 6: the whole range
+    est = stats.estimate([float(i) for i in range(1, 101)])
+    assert est.median == 50.5 and est.samples == 100
+    assert (est.low, est.high) == (40.0, 61.0)  # ranks 50 -/+ 1.96 * 5, the usual table values
+    with pytest.raises(ValueError):
+        stats.estimate([])
+
+
+def test_interval_covers_the_true_median_about_95_percent():
+    rng = random.Random(7)
+    true_median = math.exp(0.0)  # lognormal(0, 0.5): skewed, like timing noise
+    covered = 0
+    for _ in range(400):
+        est = stats.estimate([rng.lognormvariate(0.0, 0.5) for _ in range(60)])
+        covered += est.low <= true_median <= est.high
+    assert 0.90 <= covered / 400 <= 0.99
+
+
+def test_converged_only_when_precise():
+    rng = random.Random(1)
+    tight = [1.0 + rng.gauss(0, 0.002) for _ in range(50)]
+    loose = [1.0 + rng.gauss(0, 0.1) for _ in range(50)]
+    assert stats.converged(tight, 0.005)
+    assert not stats.converged(loose, 0.005)
+    assert stats.converged(loose * 40, 0.005)  # more samples, narrower interval
+
+
+def test_ratio_and_geomean_bounds():
+    ref = stats.Estimate(2.0, 1.9, 2.1, 100)
+    cand = stats.Estimate(1.0, 0.95, 1.05, 100)
+    value, low, high = stats.ratio(ref, cand)
+    assert value == 2.0 and low == pytest.approx(1.9 / 1.05) and high == pytest.approx(2.1 / 0.95)
+    assert stats.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert stats.geomean([]) is None
+    with pytest.raises(ValueError):
+        stats.geomean([1.0, 0.0])
+
+
+def spin(seconds: float):
+    def call():
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+    return call
+
+
+def test_measure_stops_when_converged_before_the_budget():
+    start = time.perf_counter()
+    samples = measure(spin(0.001), torch.device("cpu"), warmup_ms=5, min_samples=10,
+                      max_samples=10_000, budget_ms=20_000, target_ci=0.05)
+    assert time.perf_counter() - start < 10  # far inside the 20 s budget
+    assert 10 <= len(samples) < 10_000
+    assert stats.estimate(samples).median == pytest.approx(1.0, rel=0.5)  # milliseconds
+
+
+def test_measure_respects_min_max_and_budget():
+    cpu = torch.device("cpu")
+    assert len(measure(spin(0.0005), cpu, warmup_ms=0, min_samples=7, max_samples=7,
+                       budget_ms=10_000, target_ci=1e-9)) == 7
+    start = time.perf_counter()
+    samples = measure(spin(0.002), cpu, warmup_ms=0, min_samples=3, max_samples=100_000,
+                      budget_ms=200, target_ci=1e-9)  # never converges: the budget ends it
+    assert time.perf_counter() - start < 5 and len(samples) >= 3
