@@ -196,3 +196,23 @@ def test_report_writes_are_atomic(tmp_path, monkeypatch):
         report.write(run, tmp_path)
     assert (tmp_path / "leaderboard.md").read_text() == old
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_reuse_needs_same_kbench_task_and_software(tmp_path):
+    from kbench.environment import fingerprint
+    from kbench.results import SubmissionResult
+    from kbench.verdict import Status
+
+    store = Store(tmp_path)
+    env = {"device": "cuda", "device_name": "NVIDIA H200", "torch": "2.11.0", "driver": "580"}
+    run_id = store.start_run(kbench_version="0.1.0", task="l2norm", task_hash="t1", seed=1,
+                             device="cuda", fingerprint=fingerprint(env),
+                             options={"case_indices": None}, environment=env)
+    store.add_result(run_id, SubmissionResult(name="l2norm_x", path="x.py", sha256="abc",
+                                              status=Status.OK, speedup=1.5))
+    assert store.reusable("abc", "t1", "0.1.0", fingerprint(env))[0] == run_id
+    assert store.reusable("abd", "t1", "0.1.0", fingerprint(env)) is None  # another file
+    assert store.reusable("abc", "t2", "0.1.0", fingerprint(env)) is None  # another task
+    assert store.reusable("abc", "t1", "0.2.0", fingerprint(env)) is None  # another kbench
+    for key, value in (("torch", "2.12.0"), ("device_name", "NVIDIA H100"), ("driver", "590")):
+        assert store.reusable("abc", "t1", "0.1.0", fingerprint({**env, key: value})) is None
