@@ -101,7 +101,10 @@ def leaderboard(run: RunResult) -> str:
                   tabulate([[s.name, s.status.value, f"{s.cases_passed}/{s.cases_total}",
                              _one_line(s.reason), _labels(s)] for s in failed],
                            headers=["submission", "verdict", "cases", "reason", "flags"],
-                           tablefmt="github")]
+                           tablefmt="github"),
+                  "", "Full compiler and run output: logs/NAME.build.log and logs/NAME.run.log "
+                  "beside this file; `kbench grade FILE --seed S --case K` (in results.json "
+                  "under failure.reproduce) repeats a failing case."]
     return "\n".join(lines) + "\n"
 
 

@@ -126,7 +126,8 @@ class Sandbox:
             self._enforce_limits()
             if time.monotonic() > deadline:
                 self.kill()
-                raise SandboxFailure(Status.TIMEOUT, f"no answer within {timeout:g} s")
+                raise SandboxFailure(Status.TIMEOUT, f"no answer within {timeout:g} s (the task's "
+                                     "limits set this)")
         try:
             data = self.conn.recv_bytes(_MAX_MESSAGE)
         except (EOFError, OSError):
