@@ -11,8 +11,12 @@ import os
 import secrets
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kbench import __version__, paths
+
+if TYPE_CHECKING:  # imported lazily at run time: `kbench --help` stays fast
+    from kbench.store import Store
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +144,7 @@ def _grade(args: argparse.Namespace) -> int:
     return _render(store, run_id, out_dir, logs=True)
 
 
-def _render(store, run_id: int, out_dir: Path, logs: bool = False) -> int:
+def _render(store: Store, run_id: int, out_dir: Path, logs: bool = False) -> int:
     from kbench import report
 
     run = store.load_run(run_id)
@@ -151,7 +155,7 @@ def _render(store, run_id: int, out_dir: Path, logs: bool = False) -> int:
     return 0
 
 
-def _open_store(out: Path | None):
+def _open_store(out: Path | None) -> tuple[Store, Path]:
     """The results store in ``out``; it must exist already (these commands never grade)."""
     from kbench.store import FILENAME, Store
 
