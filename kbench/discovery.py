@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from kbench.task import available_tasks
@@ -12,6 +14,11 @@ from kbench.task import available_tasks
 class Submission:
     name: str
     path: Path
+
+    @cached_property
+    def sha256(self) -> str:
+        """The file's hash, read once: what results record and reuse is keyed on."""
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
 
 
 class DiscoveryError(Exception):

@@ -63,12 +63,12 @@ class StoreError(Exception):
 
 @dataclass(frozen=True)
 class RunInfo:
+    """What ``--resume`` needs of an unfinished run."""
+
     id: int
-    task: str
     task_hash: str
     seed: int
     options: dict
-    finished: str | None
 
 
 def _now() -> str:
@@ -145,9 +145,9 @@ class Store:
     def unfinished_run(self, task: str) -> RunInfo | None:
         """The newest run of ``task`` that never finished (killed, or still going elsewhere)."""
         row = self.db.execute(
-            "SELECT id, task, task_hash, seed, options, finished FROM runs "
+            "SELECT id, task_hash, seed, options FROM runs "
             "WHERE task = ? AND finished IS NULL ORDER BY id DESC LIMIT 1", (task,)).fetchone()
-        return RunInfo(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5]) if row else None
+        return RunInfo(row[0], row[1], row[2], json.loads(row[3])) if row else None
 
     def set_reference(self, run_id: int, reference: list[Benchmark], copy_gbps: float | None,
                       notes: list[str]) -> None:
