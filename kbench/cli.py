@@ -56,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
                        "or ~/.cache/kbench)")
     grade.add_argument("--cuda-arch", help="TORCH_CUDA_ARCH_LIST for builds (default: the GPU's, "
                        "else $TORCH_CUDA_ARCH_LIST, else 9.0)")
+    grade.add_argument("--timing", choices=["eager", "graph"], default="eager",
+                       help="eager: one call per sample, launch overhead included (default); "
+                       "graph: CUDA-graph replays of many calls on rotating inputs, the "
+                       "kernels alone (CUDA only)")
     grade.add_argument("--resume", action="store_true", help="finish the newest interrupted "
                        "run of this task in --out: same seed and options, only what is missing")
     grade.add_argument("--force", action="store_true", help="grade again even files whose "
@@ -109,7 +113,8 @@ def _grade(args: argparse.Namespace) -> int:
         store = Store(out_dir)
     except (DiscoveryError, TaskError, StoreError) as exc:
         return _fail(str(exc))
-    settings = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch}
+    settings = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch,
+                "timing": args.timing}
     seed, run_id = args.seed, None
     unfinished = store.unfinished_run(task.name)
     if args.resume:
@@ -125,13 +130,17 @@ def _grade(args: argparse.Namespace) -> int:
     device = settings["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         return _fail("--device cuda: no CUDA device is visible to torch here")
+    timing = settings.get("timing", "eager")
+    if timing == "graph" and device != "cuda":
+        return _fail("--timing graph: CUDA graphs need --device cuda")
     seed = seed if seed is not None else secrets.randbits(31)
     options = Options(device=device, out_dir=out_dir, jobs=args.jobs, seed=seed,
                       cache_dir=(args.cache_dir or paths.default_cache_dir()).resolve(),
-                      case_indices=settings["case_indices"], cuda_arch=settings["cuda_arch"])
+                      case_indices=settings["case_indices"], cuda_arch=settings["cuda_arch"],
+                      timing=timing)
     resuming = f", resuming run {run_id}" if run_id else ""
     print(f"kbench {__version__}: task {task.name}, {len(submissions)} submission(s), "
-          f"device {device}, seed {seed}{resuming}", flush=True)
+          f"device {device}, seed {seed}, timing {timing}{resuming}", flush=True)
     try:
         grader = Grader(task, options, say=lambda line: print(line, flush=True))
     except ValueError as exc:

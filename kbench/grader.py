@@ -3,8 +3,9 @@
 One submission's path through this file: ``_build`` (its own process and build folder, in
 parallel with the others) -> ``_evaluate``: a fresh process imports it, ``_check`` feeds it each
 case and compares its output with the reference computed here afterwards, ``_time`` times it
-shape by shape -> a Verdict and a SubmissionResult, stored at once. ``_time_reference`` puts
-the reference through the same checks and stopwatch in a process that never saw a candidate.
+shape by shape, in rounds alternating with the reference -> a Verdict and a SubmissionResult,
+stored at once. The reference lives in its own process for the whole run (_ReferenceWorker),
+which never sees a candidate: timed at the start, alongside each candidate, and at the end.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from kbench import __version__, environment, scan, stats
+from kbench import __version__, environment, measurement, scan
 from kbench import verdict as verdicts
 from kbench.build import build_dir, find_toolchain
 from kbench.cases import Case, plan_cases, select
@@ -43,11 +44,12 @@ class Options:
     seed: int
     case_indices: list[int] | None = None  # only these cases, and no timing
     cuda_arch: str | None = None
+    timing: str = "eager"  # or "graph" (CUDA-graph replays; see kbench.worker.timing)
 
     def resumable(self) -> dict:
         """What ``--resume`` must repeat besides the seed."""
         return {"device": self.device, "case_indices": self.case_indices,
-                "cuda_arch": self.cuda_arch}
+                "cuda_arch": self.cuda_arch, "timing": self.timing}
 
 
 # Copy-bandwidth buffers (each of source and destination): far past any cache.
@@ -58,6 +60,14 @@ _COPY_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}
 class _Built:
     verdict: Verdict | None
     seconds: float
+
+
+# Per benchmark shape, the candidate and the reference (each in its own process) take turns
+# this many times, each turn with this share of the time budget: slow drift of the machine
+# then weighs on both sides of a speedup alike.
+_ROUNDS = 3
+
+Samples = dict  # one round of a worker's checked timing samples (kbench.worker.timing.Samples)
 
 
 class _Stop(Exception):
@@ -82,6 +92,8 @@ class Grader:
         self.toolchain = find_toolchain(options.cuda_arch)
         self.cases = select(plan_cases(task, options.seed), options.case_indices)
         self.timed = options.case_indices is None
+        self._skips: list[str | None] = []  # per benchmark shape: why it cannot run here
+        self._reference_worker = _ReferenceWorker(self)
         self.logs = options.out_dir / "logs"
 
     # -- the run ---------------------------------------------------------------------------
@@ -105,7 +117,7 @@ class Grader:
             if sub.name in graded:
                 continue
             earlier = None if force or not self.timed else store.reusable(
-                sub.sha256, self.task.digest, __version__, fingerprint)
+                sub.sha256, self.task.digest, __version__, fingerprint, self.opts.timing)
             if earlier is None:
                 todo.append(sub)
                 continue
@@ -123,19 +135,38 @@ class Grader:
         self.say(f"building {len(submissions)} submission(s), {self.opts.jobs} at a time")
         with ThreadPoolExecutor(max_workers=self.opts.jobs) as pool:
             built = dict(zip(submissions, pool.map(self._build, submissions), strict=True))
-        reference: list[Benchmark] = []
-        if self.timed:
-            self.say(f"timing the reference on {len(self.task.benchmarks[self.device.type])} "
-                     "shape(s)")
-            reference, copy_gbps = self._time_reference()
-            store.set_reference(run_id, reference, copy_gbps, [])
-        else:
+        if not self.timed:
             store.set_reference(run_id, [], None, ["timing skipped: --case selects correctness "
                                                    "cases only"])
-        for sub in submissions:
-            result = self._evaluate(sub, built[sub], reference)
-            store.add_result(run_id, result)
-            on_result(result)
+            for sub in submissions:
+                result = self._evaluate(sub, built[sub], [])
+                store.add_result(run_id, result)
+                on_result(result)
+            return
+        shapes = self.task.benchmarks[self.device.type]
+        self._skips = [self._unfit(list(shape)) for shape in shapes]
+        self.say(f"timing the reference on {len(shapes)} shape(s) ({self.opts.timing})")
+        with self._reference_worker:
+            start = [self._reference_worker.samples(i, list(s), "start") for i, s in
+                     enumerate(shapes)]
+            compiled: tuple[list[Samples | None], str | None] | None = None
+            if self.task.timing[self.device.type].compile_reference:
+                self.say("timing torch.compile of the reference")
+                compiled = self._time_compiled()
+            reference, notes = self._reference_table(start, None, compiled)
+            store.set_reference(run_id, reference, self._reference_worker.copy_gbps, notes)
+            timed = False
+            for sub in submissions:
+                result = self._evaluate(sub, built[sub], reference)
+                store.add_result(run_id, result)
+                on_result(result)
+                timed = timed or any(b.candidate for b in result.benchmarks)
+            if timed:  # the reference once more: did the machine drift meanwhile?
+                self.say("timing the reference again (drift check)")
+                end = [self._reference_worker.samples(i, list(s), "end") if start[i] else None
+                       for i, s in enumerate(shapes)]
+                reference, notes = self._reference_table(start, end, compiled)
+                store.set_reference(run_id, reference, self._reference_worker.copy_gbps, notes)
 
     # -- build -----------------------------------------------------------------------------
 
@@ -232,80 +263,118 @@ class Grader:
     # -- time ------------------------------------------------------------------------------
 
     def _time(self, box: Sandbox, result: SubmissionResult, reference: list[Benchmark]) -> None:
+        """Each shape in rounds, alternating with the reference's process."""
         for i, ref in enumerate(reference):
-            bench = Benchmark(shape=ref.shape, dtype=ref.dtype, ref_ms=ref.ref_ms,
-                              ref_ci=ref.ref_ci, ref_samples=ref.ref_samples,
-                              ref_gbps=ref.ref_gbps, skipped=ref.skipped)
+            bench = Benchmark(shape=ref.shape, dtype=ref.dtype, skipped=ref.skipped)
             result.benchmarks.append(bench)
-            if ref.skipped:
+            if ref.reference is None:
                 continue
-            est = self._samples(box, i, ref.shape)
-            bench.ms, bench.ci, bench.samples = est.median, [est.low, est.high], est.samples
-            bench.gbps = self._gbps(ref.shape, est.median)
-            ref_est = stats.Estimate(ref.ref_ms, *ref.ref_ci, ref.ref_samples)
-            bench.speedup, *bench.speedup_ci = stats.ratio(ref_est, est)
-        timed = [b for b in result.benchmarks if b.speedup]
-        result.speedup = stats.geomean([b.speedup for b in timed])
-        if timed:
-            result.speedup_ci = [stats.geomean([b.speedup_ci[k] for b in timed]) for k in (0, 1)]
+            mine, theirs = [], []
+            for r in range(_ROUNDS):
+                tag = f"round{r}"
+                theirs.append(self._reference_worker.samples(i, ref.shape, tag, _ROUNDS))
+                mine.append(self._samples(box, i, ref.shape, tag, _ROUNDS))
+            nbytes = self._traffic(ref.shape)
+            bench.candidate = measurement.summarise(mine, nbytes)
+            theirs = [t for t in theirs if t is not None]
+            bench.reference = measurement.summarise(theirs, nbytes) if theirs else None
+        measurement.add_speedups(result, reference)
 
-    def _time_reference(self) -> tuple[list[Benchmark], float | None]:
-        """The reference's timings per shape, and the device's copy bandwidth in GB/s."""
-        dtype = self.task.benchmark_dtype
-        benches = [Benchmark(shape=list(s), dtype=dtype)
-                   for s in self.task.benchmarks[self.device.type]]
+    def _time_compiled(self) -> tuple[list[Samples | None], str | None]:
+        """torch.compile of the reference, shape by shape, in its own process; and why it
+        failed, if it did."""
+        shapes = self.task.benchmarks[self.device.type]
+        timings: list[Samples | None] = [None] * len(shapes)
         reference = Submission("reference", Path(self.reference.__file__))
-        copy_gbps = None
         try:
-            with self._sandbox("reference.run.log", child_env({})) as box:
-                self._call(box, self._load_request(reference, True, "Model"),
+            with self._sandbox("reference.compile.run.log", child_env({})) as box:
+                self._call(box, self._load_request(reference, True, "Model", compile=True),
                            self.task.limits.load_s, "load")
-                # The reference passes its own cases too: proof that the tolerances accept its
-                # arithmetic, and the same process history as a candidate's before timing.
-                self._check(box, reference, None)
-                copy_gbps = self._copy_gbps(box)
-                for i, bench in enumerate(benches):
-                    bench.skipped = self._unfit(bench.shape)
-                    if bench.skipped is None:
-                        est = self._samples(box, i, bench.shape)
-                        bench.ref_ms, bench.ref_ci = est.median, [est.low, est.high]
-                        bench.ref_samples = est.samples
-                        bench.ref_gbps = self._gbps(bench.shape, est.median)
+                for i, shape in enumerate(shapes):
+                    if self._skips[i] is None:
+                        timings[i] = self._samples(box, i, list(shape), "start")
         except _Stop as stop:
-            for bench in benches:
-                if bench.ref_ms is None and bench.skipped is None:
-                    bench.skipped = f"the reference failed: {stop.verdict.reason}"
-        return benches, copy_gbps
+            return timings, stop.verdict.reason
+        return timings, None
 
-    def _copy_gbps(self, box: Sandbox) -> float:
+    def _reference_table(self, start: list[Samples | None], end: list[Samples | None] | None,
+                         compiled: tuple[list[Samples | None], str | None] | None
+                         ) -> tuple[list[Benchmark], list[str]]:
+        """The run's reference per shape (start and end, each alone and pooled), and notes on
+        what failed or drifted."""
+        table, notes, drifted = [], [], []
+        failure = self._reference_worker.failure
+        for i, shape in enumerate(self.task.benchmarks[self.device.type]):
+            bench = Benchmark(shape=list(shape), dtype=self.task.benchmark_dtype,
+                              skipped=self._skips[i])
+            nbytes = self._traffic(bench.shape)
+            if start[i] is None:
+                bench.skipped = bench.skipped or f"the reference failed: {failure}"
+            else:
+                bench.reference = bench.reference_start = measurement.summarise([start[i]],
+                                                                                nbytes)
+                last = end[i] if end else None
+                if last is not None:
+                    bench.reference_end = measurement.summarise([last], nbytes)
+                    bench.reference = measurement.summarise([start[i], last], nbytes)
+                    bench.drift = measurement.drift(bench.reference_start, bench.reference_end)
+                    if bench.drift:
+                        drifted.append(f"{'x'.join(map(str, shape))} {bench.drift}")
+            if compiled and compiled[0][i]:
+                bench.compiled = measurement.summarise([compiled[0][i]], nbytes)
+            table.append(bench)
+        if compiled and compiled[1]:
+            notes.append(f"torch.compile of the reference failed, no speedups over it: "
+                         f"{compiled[1]}")
+        if end and failure:
+            notes.append(f"the reference's process failed during the run ({failure}); "
+                         "speedups use its first timing where it could not time alongside")
+        if drifted:
+            notes.append("the machine drifted: the reference timed at the end of the run "
+                         "disagrees with its start beyond noise on " + "; ".join(drifted)
+                         + ". Speedups are not affected as much: each divides reference "
+                         "rounds taken alternately with the submission's.")
+        return table, notes
+
+    def _copy_gbps(self, box: Sandbox) -> float | None:
         """Device-to-device copy bandwidth (bytes read plus written), by the same stopwatch."""
         nbytes = _COPY_BYTES[self.device.type]
-        est = self._timed(box, {"op": "copy", "nbytes": nbytes}, "copy bandwidth")
-        return 2 * nbytes / (est.median * 1e-3) / 1e9
+        answer = self._call(box, {"op": "copy", "nbytes": nbytes, "timing": self._timing(1)},
+                            self.task.limits.benchmark_s, "copy bandwidth")
+        return measurement.summarise([self._checked(answer, "copy bandwidth")], 2 * nbytes).gbps
 
-    def _gbps(self, shape: list[int], ms: float) -> float:
-        """Achieved GB/s: the task's minimum traffic for this shape over the median time."""
-        return self.task.min_traffic * math.prod(shape) * self._itemsize() / (ms * 1e-3) / 1e9
+    def _traffic(self, shape: list[int]) -> int:
+        """Bytes one call must move at least: the task's minimum traffic for this shape."""
+        return self.task.min_traffic * math.prod(shape) * self._itemsize()
 
     def _itemsize(self) -> int:
         return torch.empty(0, dtype=getattr(torch, self.task.benchmark_dtype)).element_size()
 
-    def _samples(self, box: Sandbox, index: int, shape: list[int]) -> stats.Estimate:
-        """Timing for benchmark ``index``; same inputs (by seed) for every side."""
-        seed = random.Random(f"{self.opts.seed}/benchmark/{index}").getrandbits(62)
-        return self._timed(box, {"op": "time", "shape": shape, "seed": seed,
-                                 "dtype": self.task.benchmark_dtype},
-                           f"benchmark {'x'.join(map(str, shape))}")
+    def _timing(self, rounds: int) -> dict:
+        """The task's timing settings for one of ``rounds`` turns."""
+        t = self.task.timing[self.device.type]
+        return {"warmup_ms": t.warmup_ms, "min_samples": math.ceil(t.min_samples / rounds),
+                "max_samples": math.ceil(t.max_samples / rounds),
+                "budget_ms": t.budget_ms / rounds, "target_ci": t.target_ci,
+                "mode": self.opts.timing}
 
-    def _timed(self, box: Sandbox, request: dict, stage: str) -> stats.Estimate:
-        """Send a timing request with the task's settings; check and summarise the samples."""
-        answer = self._call(box, {**request, "timing": vars(self.task.timing[self.device.type])},
+    def _samples(self, box: Sandbox, index: int, shape: list[int], tag: str,
+                 rounds: int = 1) -> Samples:
+        """One round of timing for benchmark ``index``. Inputs follow from the run's seed,
+        the shape and ``tag``: the same for every side, new for every round."""
+        seed = random.Random(f"{self.opts.seed}/benchmark/{index}/{tag}").getrandbits(62)
+        stage = f"benchmark {'x'.join(map(str, shape))}"
+        answer = self._call(box, {"op": "time", "shape": shape, "seed": seed,
+                                  "dtype": self.task.benchmark_dtype,
+                                  "timing": self._timing(rounds)},
                             self.task.limits.benchmark_s, stage)
-        samples = answer.get("samples_ms")
-        if (not isinstance(samples, list) or not samples
-                or not all(isinstance(s, float) and math.isfinite(s) and s > 0 for s in samples)):
-            raise _Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker sent no valid timings"))
-        return stats.estimate(samples)
+        return self._checked(answer, stage)
+
+    def _checked(self, answer: dict, stage: str) -> Samples:
+        try:
+            return measurement.check(answer.get("samples"))
+        except measurement.BadSamples as exc:
+            raise _Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: {exc}")) from None
 
     def _unfit(self, shape: list[int]) -> str | None:
         """Why a benchmark shape cannot run here (input, output and one temporary must fit)."""
@@ -328,12 +397,13 @@ class Grader:
         return Sandbox(self.logs / log_name, env, memory_bytes=int(limits.host_memory_gib * 2**30),
                        log_bytes=int(limits.log_mib * 2**20))
 
-    def _load_request(self, sub: Submission, instantiate: bool,
-                      class_name: str = "ModelNew") -> dict:
+    def _load_request(self, sub: Submission, instantiate: bool, class_name: str = "ModelNew",
+                      compile: bool = False) -> dict:
         return {"op": "load", "path": str(sub.path.resolve()),
                 "module_name": f"kbench_submission_{sub.name}", "class_name": class_name,
                 "init_args": self.init_args, "device": self.device.type,
-                "reference": self.task.reference, "instantiate": instantiate}
+                "reference": self.task.reference, "instantiate": instantiate,
+                "compile": compile}
 
     def _call(self, box: Sandbox, request: dict, timeout: float, stage: str) -> dict:
         """One request; any failure becomes a _Stop carrying the verdict it earns."""
@@ -345,3 +415,60 @@ class Grader:
             error = answer.get("error") if isinstance(answer.get("error"), dict) else {}
             raise _Stop(verdicts.from_error(error, stage, self.device.type, box.log_text()))
         return answer
+
+
+class _ReferenceWorker:
+    """The eager reference's process for the whole run: it never loads a candidate. On
+    opening it passes the reference's own correctness cases (proof that the tolerances accept
+    its arithmetic, and the same process history as a candidate's) and measures the copy
+    bandwidth. If it dies it is opened again, up to _REOPEN times."""
+
+    _REOPEN = 2
+
+    def __init__(self, grader: Grader) -> None:
+        self.grader = grader
+        self.box: Sandbox | None = None
+        self.copy_gbps: float | None = None
+        self.failure: str | None = None
+        self.opened = 0
+
+    def __enter__(self) -> _ReferenceWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.box is not None:
+            self.box.close()
+
+    def samples(self, index: int, shape: list[int], tag: str, rounds: int = 1) -> Samples | None:
+        """One round at benchmark ``index``; None if the reference cannot be timed."""
+        g = self.grader
+        if g._skips[index] is not None:
+            return None
+        try:
+            return g._samples(self._open(), index, shape, tag, rounds)
+        except _Stop as stop:
+            self.failure = stop.verdict.reason
+            if self.box is not None:
+                self.box.close()
+                self.box = None
+            return None
+
+    def _open(self) -> Sandbox:
+        if self.box is not None:
+            return self.box
+        if self.opened > self._REOPEN:
+            raise _Stop(Verdict(Status.INTERNAL_ERROR, self.failure or "no reference"))
+        self.opened += 1
+        g = self.grader
+        reference = Submission("reference", Path(g.reference.__file__))
+        box = g._sandbox("reference.run.log", child_env({}))
+        try:
+            g._call(box, g._load_request(reference, True, "Model"), g.task.limits.load_s, "load")
+            g._check(box, reference, None)
+            if self.copy_gbps is None:
+                self.copy_gbps = g._copy_gbps(box)
+        except BaseException:
+            box.close()
+            raise
+        self.box = box
+        return box

@@ -9,10 +9,22 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from kbench.results import Benchmark, RunResult, SubmissionResult
+from kbench.results import Benchmark, Measurement, RunResult, SubmissionResult
 from kbench.verdict import Status
 
-_CLOCK = {"cuda": "CUDA events, device synchronised after each call", "cpu": "wall clock"}
+_CLOCK = {
+    "cuda": "CUDA events around each call plus any time the device stays busy after them "
+            "(work left on other streams is the call's)",
+    "cpu": "wall clock around each call",
+}
+_MODE = {
+    "eager": "eager: one call per sample, queued behind a short spin kernel so the interval is "
+             "the device's time for the call (kernel launch gaps included, the host's Python "
+             "dispatch not: results.json has it as host_ms)",
+    "graph": "graph: each sample replays a CUDA graph of many calls on rotating inputs "
+             "(>= 3x L2) and is divided by the calls; host launch overhead excluded",
+}
+LAUNCH_BOUND_MS = 0.05  # below this, an eager figure is mostly launch overhead
 
 
 def progress_line(result: SubmissionResult, index: int, total: int) -> str:
@@ -28,8 +40,8 @@ def _shape(b: Benchmark) -> str:
     return "x".join(str(d) for d in b.shape)
 
 
-def _ms(value: float | None) -> str:
-    return f"{value:.4g} ms" if value is not None else "-"
+def _ms(m: Measurement | None) -> str:
+    return f"{m.ms:.4g} ms" if m is not None else "-"
 
 
 def _interval(bounds: list[float] | None, digits: int = 4) -> str:
@@ -37,14 +49,21 @@ def _interval(bounds: list[float] | None, digits: int = 4) -> str:
 
 
 def _speedup(value: float | None, bounds: list[float] | None) -> str:
-    return f"{value:.3f}x ({_interval(bounds)})" if value else "not timed"
+    return f"{value:.3f}x ({_interval(bounds)})" if value else "-"
 
 
-def _bandwidth(gbps: float | None, copy_gbps: float | None) -> str:
-    if gbps is None:
+def _bandwidth(m: Measurement | None, copy_gbps: float | None) -> str:
+    if m is None or m.gbps is None:
         return "-"
-    share = f" ({100 * gbps / copy_gbps:.0f}% of copy)" if copy_gbps else ""
-    return f"{gbps:.0f} GB/s{share}"
+    share = f" ({100 * m.gbps / copy_gbps:.0f}% of copy)" if copy_gbps else ""
+    return f"{m.gbps:.0f} GB/s{share}"
+
+
+def _clocks(m: Measurement | None) -> str:
+    if m is None or m.sm_mhz is None:
+        return "-"
+    text = f"{m.sm_mhz:.0f}/{m.mem_mhz:.0f}" if m.mem_mhz is not None else f"{m.sm_mhz:.0f}"
+    return text + (f", slowed on {m.slowed}" if m.slowed else "")
 
 
 def _ranked(run: RunResult) -> list[SubmissionResult]:
@@ -52,45 +71,76 @@ def _ranked(run: RunResult) -> list[SubmissionResult]:
     return sorted(ok, key=lambda s: -(s.speedup or 0.0))
 
 
+def _launch_bound(run: RunResult) -> set[str]:
+    if run.timing_mode != "eager":
+        return set()
+    return {_shape(b) for b in run.reference
+            if b.reference is not None and b.reference.ms < LAUNCH_BOUND_MS}
+
+
 def leaderboard(run: RunResult) -> str:
     env = run.environment
     device = env.get("device_name", env.get("device"))
+    bound = _launch_bound(run)
     lines = [f"# kbench leaderboard: {run.task}", "",
              f"- device: {device} ({env.get('device')}), torch {env.get('torch')}, "
              f"CUDA {env.get('torch_cuda')}, driver {env.get('driver', '-')}, "
              f"nvcc {env.get('nvcc') or '-'}",
              f"- kbench {run.kbench_version}, run {run.run_id}, seed {run.seed}, "
              f"started {run.started}",
-             "- speedup = reference median / submission median per shape "
-             f"({_CLOCK.get(env.get('device'), 'clock unknown')}, one call at a time, "
-             "cache flushed before each, launch overhead included); overall = geometric mean "
-             "over timed shapes; intervals are 95 % for medians, and bound the speedup while "
-             "both medians lie in theirs"]
+             f"- timing {_MODE.get(run.timing_mode, run.timing_mode)}; "
+             f"{_CLOCK.get(env.get('device'), 'clock unknown')}; fresh input values for "
+             "every call, caches flushed before each sample; sampling stops when the median's "
+             "95 % interval is within the task's target or its time budget is spent",
+             "- speedup = reference median / submission median per shape; overall = geometric "
+             "mean over timed shapes; intervals are 95 % for medians, and bound the speedup "
+             "while both medians lie in theirs. The reference runs in its own process, which "
+             "never loads a submission: timed at the start and the end of the run (the table "
+             "below; disagreement beyond noise is reported as drift) and in rounds alternating "
+             "with each submission's (what its speedups divide); \"vs compile\" divides "
+             "torch.compile of the reference, timed once at the start"]
+    if bound:
+        lines.append(f"- launch-bound (marked †, reference under {LAUNCH_BOUND_MS * 1e3:.0f} us): "
+                     "these figures include the device's per-kernel launch gaps, which can "
+                     "dominate; `--timing graph` measures the kernels alone")
     if run.copy_gbps:
         lines.append(f"- copy bandwidth (device to device, read + write, this run): "
                      f"{run.copy_gbps:.0f} GB/s; achieved GB/s count the task's minimum traffic")
     lines += [f"- note: {note}" for note in run.notes]
+
+    def shape_name(b: Benchmark) -> str:
+        return _shape(b) + (" †" if _shape(b) in bound else "")
+
     if run.reference:
         lines += ["", "## Reference", "",
-                  tabulate([[_shape(b), b.dtype, _ms(b.ref_ms), _interval(b.ref_ci),
-                             b.ref_samples, _bandwidth(b.ref_gbps, run.copy_gbps),
-                             b.skipped or ""] for b in run.reference],
+                  tabulate([[shape_name(b), b.dtype, _ms(b.reference),
+                             _interval(b.reference and b.reference.ci),
+                             b.reference.samples if b.reference else 0,
+                             _bandwidth(b.reference, run.copy_gbps),
+                             f"{_ms(b.reference_start)} / {_ms(b.reference_end)}",
+                             _ms(b.compiled), _clocks(b.reference),
+                             b.skipped or (f"drifted: {b.drift}" if b.drift else "")]
+                            for b in run.reference],
                            headers=["shape", "dtype", "median", "95% interval (ms)", "samples",
-                                    "achieved", "skipped"], tablefmt="github")]
+                                    "achieved", "start / end", "torch.compile",
+                                    "SM/mem MHz", "note"], tablefmt="github")]
 
     ranked = _ranked(run)
+    names = {_shape(b): shape_name(b) for b in run.reference}
     shapes = list(dict.fromkeys(_shape(b) for s in ranked for b in s.benchmarks))
     lines += ["", "## Ranked", ""]
     if ranked:
         rows = []
         for rank, sub in enumerate(ranked, 1):
-            cells = {_shape(b): (f"{_speedup(b.speedup, b.speedup_ci)}, {_ms(b.ms)}, "
-                                 f"{_bandwidth(b.gbps, run.copy_gbps)}" if b.speedup
+            cells = {_shape(b): (f"{_speedup(b.speedup, b.speedup_ci)}, {_ms(b.candidate)}, "
+                                 f"{_bandwidth(b.candidate, run.copy_gbps)}" if b.speedup
                                  else f"skipped: {b.skipped}") for b in sub.benchmarks}
-            speed = _speedup(sub.speedup, sub.speedup_ci)
-            rows.append([rank, sub.name, speed, f"{sub.cases_passed}/{sub.cases_total}",
+            rows.append([rank, sub.name, _speedup(sub.speedup, sub.speedup_ci),
+                         _speedup(sub.compile_speedup, sub.compile_speedup_ci),
+                         f"{sub.cases_passed}/{sub.cases_total}",
                          *(cells.get(s, "-") for s in shapes), _labels(sub)])
-        lines.append(tabulate(rows, headers=["#", "submission", "speedup", "cases", *shapes,
+        lines.append(tabulate(rows, headers=["#", "submission", "speedup", "vs compile",
+                                             "cases", *(names.get(s, s) for s in shapes),
                                              "flags"], tablefmt="github"))
     else:
         lines.append("No submission passed every correctness case.")
@@ -109,8 +159,14 @@ def leaderboard(run: RunResult) -> str:
 
 
 def _labels(sub: SubmissionResult) -> str:
-    reused = [f"reused from run {sub.reused_from_run}"] if sub.reused_from_run else []
-    return ", ".join([*sub.flags, *reused])
+    timed = [b.candidate for b in sub.benchmarks if b.candidate is not None]
+    side = [f"{_shape(b)} +{b.candidate.side_work_ms:.3g} ms" for b in sub.benchmarks
+            if b.candidate is not None and b.candidate.side_work_ms]
+    slowed = sum(m.slowed for m in timed)
+    notes = [f"reused from run {sub.reused_from_run}"] if sub.reused_from_run else []
+    notes += [f"work left on other streams, charged: {'; '.join(side)}"] if side else []
+    notes += [f"clocks slowed on {slowed} samples"] if slowed else []
+    return ", ".join([*sub.flags, *notes])
 
 
 def _one_line(text: str, limit: int = 240) -> str:

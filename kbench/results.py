@@ -8,24 +8,48 @@ from kbench.verdict import Status
 
 
 @dataclass
+class Measurement:
+    """One side's timing of one shape: the median in ms with its 95 % interval ([low, high]),
+    achieved GB/s (the task's minimum traffic over the median), and what the clock saw."""
+
+    ms: float
+    ci: list[float]
+    samples: int
+    gbps: float | None = None
+    side_work_ms: float | None = None  # work left on other streams per call, charged (median)
+    host_ms: float | None = None  # median host time to issue one call (not in ``ms`` on CUDA)
+    sm_mhz: float | None = None  # median SM clock over the samples (NVML), None where unread
+    mem_mhz: float | None = None
+    max_sm_mhz: int | None = None
+    slowed: int = 0  # samples read while NVML reported a slowdown (power, thermal)
+
+
+@dataclass
 class Benchmark:
-    """One benchmark shape. Times are medians in milliseconds, each with its 95 % interval
-    ([low, high]); GB/s count the task's minimum traffic; ``skipped`` says why a shape was not
-    timed."""
+    """One benchmark shape. In a run's reference list: the eager reference at the start and
+    end of the run and both pooled, and torch.compile of it. In a submission's list: the
+    submission's timing, the eager reference's timing in rounds alternating with it, and the
+    speedups over that and over torch.compile. ``skipped`` says why a shape was not timed;
+    ``drift`` why the start and end references disagree."""
 
     shape: list[int]
     dtype: str
-    ref_ms: float | None = None
-    ref_ci: list[float] | None = None
-    ref_samples: int = 0
-    ref_gbps: float | None = None
-    ms: float | None = None
-    ci: list[float] | None = None
-    samples: int = 0
-    gbps: float | None = None
+    reference: Measurement | None = None
+    reference_start: Measurement | None = None
+    reference_end: Measurement | None = None
+    compiled: Measurement | None = None
+    drift: str | None = None
+    candidate: Measurement | None = None
     speedup: float | None = None
     speedup_ci: list[float] | None = None
+    compile_speedup: float | None = None
+    compile_speedup_ci: list[float] | None = None
     skipped: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Benchmark:
+        sides = ("reference", "reference_start", "reference_end", "compiled", "candidate")
+        return cls(**{k: Measurement(**v) if k in sides and v else v for k, v in data.items()})
 
 
 @dataclass
@@ -35,8 +59,10 @@ class SubmissionResult:
     sha256: str
     status: Status
     reason: str = ""
-    speedup: float | None = None  # geometric mean over timed shapes
+    speedup: float | None = None  # over eager reference: geometric mean over timed shapes
     speedup_ci: list[float] | None = None  # geometric means of the shapes' interval bounds
+    compile_speedup: float | None = None  # the same over torch.compile of the reference
+    compile_speedup_ci: list[float] | None = None
     cases_passed: int = 0
     cases_total: int = 0
     failure: dict | None = None  # the failing case and how to reproduce it
@@ -64,6 +90,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     run_id: int | None = None  # in the results store
     copy_gbps: float | None = None  # device-to-device copy, measured in the same run
+    timing_mode: str = "eager"  # or "graph": CUDA-graph replays, launch overhead left out
 
     def to_dict(self) -> dict:
         return {
@@ -74,6 +101,7 @@ class RunResult:
             "started": self.started,
             "environment": self.environment,
             "copy_gbps": self.copy_gbps,
+            "timing_mode": self.timing_mode,
             "notes": self.notes,
             "reference": [asdict(b) for b in self.reference],
             "submissions": [s.to_dict() for s in self.submissions],

@@ -64,3 +64,9 @@ def geomean(values: Sequence[float]) -> float | None:
     if any(v <= 0 for v in values):
         raise ValueError(f"geometric mean needs positive values, got {list(values)}")
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def disagree(a: Estimate, b: Estimate) -> bool:
+    """True when two medians differ by more than their noise: their 95 % intervals are
+    disjoint (the test kbench uses for drift between two timings of the same thing)."""
+    return a.high < b.low or b.high < a.low

@@ -12,7 +12,7 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from kbench.verdict import Status
 
 FILENAME = "kbench.sqlite3"
 _APPLICATION_ID = 0x6B62656E  # "kben": marks the file as kbench's
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2  # 2: per-side Measurements, torch.compile baseline, timing mode
 _BUSY_TIMEOUT_MS = 60_000
 
 _SCHEMA = """
@@ -153,7 +153,7 @@ class Store:
                       notes: list[str]) -> None:
         with self._write():
             self.db.execute("UPDATE runs SET reference = ?, copy_gbps = ?, notes = ? WHERE id = ?",
-                            (json.dumps([vars(b) for b in reference]), copy_gbps,
+                            (json.dumps([asdict(b) for b in reference]), copy_gbps,
                              json.dumps(notes), run_id))
 
     def finish_run(self, run_id: int) -> None:
@@ -178,9 +178,10 @@ class Store:
         rows = self.db.execute("SELECT name FROM results WHERE run_id = ?", (run_id,))
         return {r[0] for r in rows}
 
-    def reusable(self, sha256: str, task_hash: str, kbench_version: str,
-                 fingerprint: str) -> tuple[int, SubmissionResult] | None:
-        """The newest result for the same file, task, kbench and machine software, if any.
+    def reusable(self, sha256: str, task_hash: str, kbench_version: str, fingerprint: str,
+                 timing: str) -> tuple[int, SubmissionResult] | None:
+        """The newest result for the same file, task, kbench, machine software and timing
+        mode, if any.
 
         Results that kbench itself failed to produce (internal_error) are never reused.
         """
@@ -189,8 +190,9 @@ class Store:
             "WHERE r.sha256 = ? AND u.task_hash = ? AND u.kbench_version = ? "
             "AND u.fingerprint = ? AND r.status != ? AND r.reused_from IS NULL "
             "AND json_extract(u.options, '$.case_indices') IS NULL "
+            "AND json_extract(u.options, '$.timing') = ? "
             "ORDER BY r.run_id DESC LIMIT 1",
-            (sha256, task_hash, kbench_version, fingerprint, Status.INTERNAL_ERROR.value)
+            (sha256, task_hash, kbench_version, fingerprint, Status.INTERNAL_ERROR.value, timing)
         ).fetchone()
         return (row[0], _result(json.loads(row[1]))) if row else None
 
@@ -199,15 +201,16 @@ class Store:
     def load_run(self, run_id: int) -> RunResult:
         row = self.db.execute(
             "SELECT kbench_version, task, seed, started, environment, reference, notes, "
-            "copy_gbps FROM runs WHERE id = ?", (run_id,)).fetchone()
+            "copy_gbps, options FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise StoreError(f"{self.path}: no run {run_id}")
         subs = [_result(json.loads(r[0])) for r in self.db.execute(
             "SELECT data FROM results WHERE run_id = ? ORDER BY name", (run_id,))]
-        reference = [Benchmark(**b) for b in json.loads(row[5] or "[]")]
+        reference = [Benchmark.from_dict(b) for b in json.loads(row[5] or "[]")]
         return RunResult(kbench_version=row[0], task=row[1], seed=row[2], started=row[3],
                          environment=json.loads(row[4]), reference=reference, submissions=subs,
-                         notes=json.loads(row[6]), run_id=run_id, copy_gbps=row[7])
+                         notes=json.loads(row[6]), run_id=run_id, copy_gbps=row[7],
+                         timing_mode=json.loads(row[8]).get("timing", "eager"))
 
     def history(self, name: str) -> list[dict]:
         """Every stored result of submission ``name``, oldest first."""
@@ -224,5 +227,5 @@ class Store:
 def _result(data: dict) -> SubmissionResult:
     data = dict(data)
     data["status"] = Status(data["status"])
-    data["benchmarks"] = [Benchmark(**b) for b in data.get("benchmarks", [])]
+    data["benchmarks"] = [Benchmark.from_dict(b) for b in data.get("benchmarks", [])]
     return SubmissionResult(**data)

@@ -53,6 +53,7 @@ class Timing:
     max_samples: int
     budget_ms: float  # per benchmark shape and side
     target_ci: float  # stop once the median's 95 % interval is this close (relative half-width)
+    compile_reference: bool  # also time torch.compile of the reference, a second baseline
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,11 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, kind) or value < minimum:
             what = "an integer" if integer else "a number"
             raise self.fail(key, f"{what} >= {minimum:g}", value)
+        return value
+
+    def flag(self, value: Any, key: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key, "true or false", value)
         return value
 
     def text(self, value: Any, key: str) -> str:
@@ -212,15 +218,17 @@ def _parse(raw: Any, path: Path) -> Task:
                 raise r.fail(f"benchmarks.{d}[{i}]",
                              f"{len(correctness.random_shape)} dimensions", list(shape))
 
-    timing_keys = {"warmup_ms", "min_samples", "max_samples", "budget_ms", "target_ci"}
+    timing_keys = {"warmup_ms", "min_samples", "max_samples", "budget_ms", "target_ci",
+                   "compile_reference"}
     t = r.mapping(raw["timing"], "timing", timing_keys, timing_keys)
     min_samples = r.number(t["min_samples"], "timing.min_samples", 1, integer=True)
     max_samples = r.number(t["max_samples"], "timing.max_samples", min_samples, integer=True)
     warmup = r.per_device(t["warmup_ms"], "timing.warmup_ms", r.number)
     budget = r.per_device(t["budget_ms"], "timing.budget_ms", r.number)
     target = float(r.number(t["target_ci"], "timing.target_ci", 0.0001))
-    timing = {d: Timing(float(warmup[d]), min_samples, max_samples, float(budget[d]), target)
-              for d in DEVICES}
+    compile_ref = r.per_device(t["compile_reference"], "timing.compile_reference", r.flag)
+    timing = {d: Timing(float(warmup[d]), min_samples, max_samples, float(budget[d]), target,
+                        compile_ref[d]) for d in DEVICES}
 
     limit_keys = {"build_s", "load_s", "case_s", "benchmark_s", "host_memory_gib", "log_mib"}
     lim = r.mapping(raw["limits"], "limits", limit_keys, limit_keys)

@@ -39,7 +39,8 @@ def quick_task(tmp_path: Path, **overrides) -> Path:
     raw["correctness"]["fixed_shapes"] = [[1, 1], [7, 33], [4, 1000], [16, 1024], [2, 3000]]
     raw["benchmarks"]["cpu"] = [[16, 1024]]
     raw["benchmarks"]["cuda"] = [[16, 16384], [4096, 4096]]
-    raw["timing"].update(min_samples=3, max_samples=50, budget_ms=20, warmup_ms=5, target_ci=0.01)
+    raw["timing"].update(min_samples=3, max_samples=50, budget_ms=20, warmup_ms=5, target_ci=0.01,
+                         compile_reference=False)
     raw["limits"].update(load_s=120, case_s=15, benchmark_s=60, host_memory_gib=3, log_mib=4)
     for key, value in overrides.items():
         section, _, name = key.rpartition(".")

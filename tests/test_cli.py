@@ -22,6 +22,8 @@ def test_list_shows_tasks_and_submissions(capsys):
 @pytest.mark.parametrize("args, message", [
     (["no/such/file.py"], "no such .py file or folder"),
     (["README.md"], "no such .py file or folder"),
+    (["kbench/submissions/l2norm_v3.py", "--device", "cpu", "--timing", "graph"],
+     "--timing graph: CUDA graphs need --device cuda"),
 ])
 def test_grader_could_not_run_exits_2(tmp_path, capsys, args, message):
     code, results = grade(args, tmp_path / "out", tmp_path / "cache")

@@ -44,3 +44,29 @@ def test_gpu_faults_then_a_correct_kernel(tmp_path, cache_dir):
     assert "illegal memory access" in subs["l2norm_illegal_address"]["reason"]
     assert subs["l2norm_kernel_hang"]["status"] == "timeout"
     assert subs["l2norm_v3"]["status"] == "ok", subs["l2norm_v3"]["reason"]
+
+
+def test_work_left_on_a_side_stream_is_charged(tmp_path, cache_dir):
+    task = quick_task(tmp_path, **{"benchmarks.cuda": [[4096, 4096], [8192, 8192]],
+                                   "timing.budget_ms": 1000, "limits.host_memory_gib": 16})
+    code, results = grade([str(FIXTURES / "gpu_timing"), "--task", str(task)],
+                          tmp_path / "out", cache_dir)
+    subs = by_name(results)
+    side, twin = subs["l2norm_side_stream"], subs["l2norm_honest_twin"]
+    assert code == 0 and side["status"] == twin["status"] == "ok", side["reason"]
+    for mine, honest in zip(side["benchmarks"], twin["benchmarks"], strict=True):
+        assert mine["candidate"]["side_work_ms"] > 0.5 * honest["candidate"]["ms"]
+        assert mine["candidate"]["ms"] >= 0.9 * honest["candidate"]["ms"]
+    assert side["speedup"] <= 1.1 * twin["speedup"]
+    assert "work left on other streams" in (tmp_path / "out" / "leaderboard.md").read_text()
+
+
+def test_graph_timing_mode(tmp_path, cache_dir):
+    task = quick_task(tmp_path, **{"limits.host_memory_gib": 16})
+    code, results = grade([str(ROOT / "kbench/submissions/l2norm_v3.py"),
+                           str(FIXTURES / "gpu_timing" / "l2norm_honest_twin.py"),
+                           "--task", str(task), "--timing", "graph"], tmp_path / "out", cache_dir)
+    assert code == 0 and results["timing_mode"] == "graph"
+    for sub in results["submissions"]:
+        assert sub["status"] == "ok" and sub["speedup"] > 0, sub["reason"]
+    assert "CUDA graph" in (tmp_path / "out" / "leaderboard.md").read_text()

@@ -76,14 +76,19 @@ def test_correct_submissions_are_timed_and_ranked(run):
         sub = by_name(results)[name]
         assert sub["cases_passed"] == sub["cases_total"] > 0
         assert sub["speedup"] > 0
-        bench = sub["benchmarks"][0]
-        assert bench["ms"] > 0 and bench["ref_ms"] > 0 and bench["samples"] >= 3
-        assert bench["speedup"] == pytest.approx(bench["ref_ms"] / bench["ms"])
+        # Speedups divide the reference rounds taken alternately with the submission's.
+        bench, ref = (sub["benchmarks"][0][k] for k in ("candidate", "reference"))
+        assert bench["ms"] > 0 and ref["ms"] > 0 and bench["samples"] >= 3
+        assert sub["benchmarks"][0]["speedup"] == pytest.approx(ref["ms"] / bench["ms"])
         assert bench["ci"][0] <= bench["ms"] <= bench["ci"][1]
-        assert bench["speedup_ci"][0] <= bench["speedup"] <= bench["speedup_ci"][1]
+        low, high = sub["benchmarks"][0]["speedup_ci"]
+        assert low <= sub["benchmarks"][0]["speedup"] <= high
         assert bench["gbps"] == pytest.approx(2 * 16 * 1024 * 4 / bench["ms"] / 1e6)
         assert sub["speedup_ci"][0] <= sub["speedup"] <= sub["speedup_ci"][1]
-    assert results["copy_gbps"] > 0
+    assert results["copy_gbps"] > 0 and results["timing_mode"] == "eager"
+    # The reference was timed before and after the candidates, and the two are pooled.
+    start, end = (results["reference"][0][k] for k in ("reference_start", "reference_end"))
+    assert results["reference"][0]["reference"]["samples"] == start["samples"] + end["samples"]
     assert by_name(results)["l2norm_torch_ok"]["flags"] == ["no-custom-kernel"]
     assert by_name(results)["l2norm_cpp_ok"]["flags"] == []
     board = (out / "leaderboard.md").read_text()
@@ -120,3 +125,17 @@ def test_unchanged_file_is_not_rebuilt(run, tmp_path, cache_dir):
     assert {p: p.stat().st_mtime_ns for p in libs} == libs
     log = (tmp_path / "logs" / "l2norm_cpp_ok.build.log").read_text()
     assert "no work to do" in log
+
+
+def test_torch_compile_of_the_reference_is_a_second_baseline(tmp_path, cache_dir):
+    task = quick_task(tmp_path, **{"timing.compile_reference": True})
+    code, results = grade([str(FIXTURES / "cpu" / "l2norm_torch_ok.py"), "--task", str(task),
+                           "--device", "cpu", "--seed", "5"], tmp_path / "out", cache_dir)
+    assert code == 0, results and results["notes"]
+    compiled = results["reference"][0]["compiled"]
+    assert compiled["ms"] > 0 and compiled["samples"] >= 3
+    sub = results["submissions"][0]
+    bench = sub["benchmarks"][0]
+    assert bench["compile_speedup"] == pytest.approx(compiled["ms"] / bench["candidate"]["ms"])
+    assert sub["compile_speedup"] == pytest.approx(bench["compile_speedup"])
+    assert "vs compile" in (tmp_path / "out" / "leaderboard.md").read_text()

@@ -50,27 +50,64 @@ def test_ratio_and_geomean_bounds():
 
 
 def spin(seconds: float):
-    def call():
+    def call(args):
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             pass
     return call
 
 
+def no_inputs(i: int) -> list:
+    return []
+
+
 def test_measure_stops_when_converged_before_the_budget():
     start = time.perf_counter()
-    samples = measure(spin(0.001), torch.device("cpu"), warmup_ms=5, min_samples=10,
+    samples = measure(spin(0.001), no_inputs, torch.device("cpu"), warmup_ms=5, min_samples=10,
                       max_samples=10_000, budget_ms=20_000, target_ci=0.05)
     assert time.perf_counter() - start < 10  # far inside the 20 s budget
-    assert 10 <= len(samples) < 10_000
-    assert stats.estimate(samples).median == pytest.approx(1.0, rel=0.5)  # milliseconds
+    assert 10 <= len(samples.ms) < 10_000
+    assert stats.estimate(samples.ms).median == pytest.approx(1.0, rel=0.5)  # milliseconds
+    assert len(samples.after_ms) == len(samples.sm_mhz) == len(samples.slowed) == len(samples.ms)
+    assert samples.sm_mhz[0] is None  # no clocks on a CPU
 
 
 def test_measure_respects_min_max_and_budget():
     cpu = torch.device("cpu")
-    assert len(measure(spin(0.0005), cpu, warmup_ms=0, min_samples=7, max_samples=7,
-                       budget_ms=10_000, target_ci=1e-9)) == 7
+    assert len(measure(spin(0.0005), no_inputs, cpu, warmup_ms=0, min_samples=7, max_samples=7,
+                       budget_ms=10_000, target_ci=1e-9).ms) == 7
     start = time.perf_counter()
-    samples = measure(spin(0.002), cpu, warmup_ms=0, min_samples=3, max_samples=100_000,
-                      budget_ms=200, target_ci=1e-9)  # never converges: the budget ends it
-    assert time.perf_counter() - start < 5 and len(samples) >= 3
+    samples = measure(spin(0.002), no_inputs, cpu, warmup_ms=0, min_samples=3,
+                      max_samples=100_000, budget_ms=200, target_ci=1e-9)  # never converges
+    assert time.perf_counter() - start < 5 and len(samples.ms) >= 3
+
+
+def test_every_timed_call_gets_a_fresh_input_set_made_outside_the_clock():
+    made, seen = [], []
+
+    def inputs(i: int) -> list:
+        made.append(i)
+        time.sleep(0.005)  # slow to make: must not show in the samples
+        return [torch.full((4,), float(i))]
+
+    def call(args):
+        seen.append(int(args[0][0]))
+
+    samples = measure(call, inputs, torch.device("cpu"), warmup_ms=0, min_samples=20,
+                      max_samples=20, budget_ms=10_000, target_ci=1e-9)
+    timed = seen[-20:]
+    assert len(set(timed)) == 20 and 0 not in timed  # never the warm-up set, never twice
+    assert max(samples.ms) < 5  # the 5 ms spent making inputs is outside every sample
+
+
+def test_graph_mode_needs_cuda():
+    with pytest.raises(ValueError, match="graph"):
+        measure(spin(0), no_inputs, torch.device("cpu"), warmup_ms=0, min_samples=1,
+                max_samples=1, budget_ms=10, target_ci=0.1, mode="graph")
+
+
+def test_disagree_is_disjoint_intervals():
+    a = stats.Estimate(1.00, 0.99, 1.01, 50)
+    assert not stats.disagree(a, stats.Estimate(1.005, 1.0, 1.02, 50))  # overlap: noise
+    assert stats.disagree(a, stats.Estimate(1.03, 1.02, 1.04, 50))
+    assert stats.disagree(stats.Estimate(1.03, 1.02, 1.04, 50), a)

@@ -84,7 +84,7 @@ def test_resume_after_kill_minus_9(tmp_path, task, cache_dir, kill_after):
     resumed = start([str(SLOW), "--task", str(task), "--resume"], out, cache_dir)
     output = resumed.communicate(timeout=300)[0]
     assert resumed.returncode == 0, output
-    assert "seed 99, resuming run 1" in output
+    assert "seed 99, timing eager, resuming run 1" in output
     assert output.count("] l2norm_slow_") == len(EXPECTED) - done  # only what was missing
     results = json.loads((out / "results.json").read_text())
     assert results["run_id"] == 1 and results["seed"] == 99
@@ -207,12 +207,15 @@ def test_reuse_needs_same_kbench_task_and_software(tmp_path):
     env = {"device": "cuda", "device_name": "NVIDIA H200", "torch": "2.11.0", "driver": "580"}
     run_id = store.start_run(kbench_version="0.1.0", task="l2norm", task_hash="t1", seed=1,
                              device="cuda", fingerprint=fingerprint(env),
-                             options={"case_indices": None}, environment=env)
+                             options={"case_indices": None, "timing": "eager"}, environment=env)
     store.add_result(run_id, SubmissionResult(name="l2norm_x", path="x.py", sha256="abc",
                                               status=Status.OK, speedup=1.5))
-    assert store.reusable("abc", "t1", "0.1.0", fingerprint(env))[0] == run_id
-    assert store.reusable("abd", "t1", "0.1.0", fingerprint(env)) is None  # another file
-    assert store.reusable("abc", "t2", "0.1.0", fingerprint(env)) is None  # another task
-    assert store.reusable("abc", "t1", "0.2.0", fingerprint(env)) is None  # another kbench
+    fp = fingerprint(env)
+    assert store.reusable("abc", "t1", "0.1.0", fp, "eager")[0] == run_id
+    assert store.reusable("abd", "t1", "0.1.0", fp, "eager") is None  # another file
+    assert store.reusable("abc", "t2", "0.1.0", fp, "eager") is None  # another task
+    assert store.reusable("abc", "t1", "0.2.0", fp, "eager") is None  # another kbench
+    assert store.reusable("abc", "t1", "0.1.0", fp, "graph") is None  # another timing mode
     for key, value in (("torch", "2.12.0"), ("device_name", "NVIDIA H100"), ("driver", "590")):
-        assert store.reusable("abc", "t1", "0.1.0", fingerprint({**env, key: value})) is None
+        assert store.reusable("abc", "t1", "0.1.0", fingerprint({**env, key: value}),
+                              "eager") is None

@@ -5,10 +5,10 @@ private channel (a socket inherited as a file descriptor; stdout and stderr are 
 Each answer is ``{"ok": True, ...}`` or ``{"ok": False, "error": {...}}``; crashes and hangs
 are for the parent to notice.
 
-  load  {path, module_name, class_name, init_args, device, reference, instantiate}
+  load  {path, module_name, class_name, init_args, device, reference, instantiate, compile}
   run   {inputs}                       -> {output} or {output: None, output_type}
-  time  {shape, dtype, seed, timing}   -> {samples_ms}
-  copy  {nbytes, timing}               -> {samples_ms}  (the copy-bandwidth yardstick)
+  time  {shape, dtype, seed, timing}   -> {samples}  (timing.Samples as a dict)
+  copy  {nbytes, timing}               -> {samples}  (the copy-bandwidth yardstick)
   exit
 """
 
@@ -39,7 +39,7 @@ class Worker:
         self.last_output: Any = None  # kept alive until the parent has copied it
 
     def load(self, path: str, module_name: str, class_name: str, init_args: list,
-             device: str, reference: str, instantiate: bool) -> dict:
+             device: str, reference: str, instantiate: bool, compile: bool = False) -> dict:
         self.device = torch.device(device)
         self.reference = importlib.import_module(reference)
         spec = importlib.util.spec_from_file_location(module_name, path)
@@ -58,6 +58,8 @@ class Worker:
             try:
                 self.model = cls(*init_args).to(self.device)
                 self.model.eval()
+                if compile:  # compiles lazily, on the first call of each new shape
+                    self.model = torch.compile(self.model)
             except BaseException as exc:
                 return _error("init", exc)
         return {"ok": True}
@@ -79,33 +81,35 @@ class Worker:
         return {"ok": True, "output": out}
 
     def time(self, shape: list, dtype: str, seed: int, timing: dict) -> dict:
-        self.last_output = None
-        try:
-            inputs = self.reference.make_inputs(tuple(shape), dtype, "normal", seed, self.device)
-            with torch.no_grad():
-                samples = measure(lambda: self.model(*inputs), self.device, **timing)
-        except BaseException as exc:
-            return _error("benchmark", exc)
-        finally:
-            inputs = None
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-        return {"ok": True, "samples_ms": samples}
+        """Samples for one benchmark shape; input set i is drawn with seed ``seed + i``."""
+        def inputs(i: int) -> list:
+            return self.reference.make_inputs(tuple(shape), dtype, "normal", seed + i,
+                                              self.device)
 
+        with torch.no_grad():
+            return self._measure(lambda args: self.model(*args), inputs, timing, "benchmark")
 
     def copy(self, nbytes: int, timing: dict) -> dict:
+        buffers: list = []
+
+        def inputs(i: int) -> list:  # made on first use, so a failure is reported like others
+            if not buffers:
+                buffers.append(torch.ones(nbytes, dtype=torch.uint8, device=self.device))
+                buffers.append(torch.empty_like(buffers[0]))
+            return buffers
+
+        return self._measure(lambda args: args[1].copy_(args[0]), inputs,
+                             {**timing, "mode": "eager"}, "copy bandwidth")
+
+    def _measure(self, call, inputs, timing: dict, stage: str) -> dict:
         self.last_output = None
         try:
-            src = torch.ones(nbytes, dtype=torch.uint8, device=self.device)
-            dst = torch.empty_like(src)
-            samples = measure(lambda: dst.copy_(src), self.device, **timing)
+            return {"ok": True, "samples": measure(call, inputs, self.device, **timing).to_dict()}
         except BaseException as exc:
-            return _error("copy bandwidth", exc)
+            return _error(stage, exc)
         finally:
-            src = dst = None
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-        return {"ok": True, "samples_ms": samples}
 
 
 def _error(stage: str, exc: BaseException) -> dict:

@@ -1,0 +1,117 @@
+"""The trusted side of timing: check the samples a worker sent, summarise them, divide them.
+
+A worker's answer is data from a process that may run candidate code, so every field is
+checked before a figure is made from it. Medians and intervals come from kbench.stats.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from kbench import stats
+from kbench.results import Benchmark, Measurement, SubmissionResult
+
+_LISTS = ("ms", "after_ms", "host_ms", "sm_mhz", "mem_mhz", "slowed")
+# Work a call leaves on other streams is charged to it when the device typically (median over
+# samples) stays busy after the call's stream is done, beyond what an empty call sees in the
+# same process, for longer than this and longer than this share of the call: below that it
+# is indistinguishable from the host's synchronisation jitter.
+SIDE_WORK_MS = 0.02
+SIDE_WORK_SHARE = 0.1
+
+
+class BadSamples(ValueError):
+    """The worker's timing answer is not what kbench's stopwatch sends."""
+
+
+def check(samples: object) -> dict:
+    """``samples`` if it is a well-formed ``Samples`` dict from a worker; else BadSamples."""
+    if not isinstance(samples, dict) or not all(isinstance(samples.get(k), list)
+                                                for k in _LISTS):
+        raise BadSamples("the worker sent no sample lists")
+    ms = samples["ms"]
+    if not ms or not all(type(v) is float and math.isfinite(v) and v > 0 for v in ms):
+        raise BadSamples("the worker sent no valid timings")
+    if any(len(samples[k]) != len(ms) for k in _LISTS):
+        raise BadSamples("the worker's sample lists differ in length")
+    if not all(type(v) is float and math.isfinite(v) for k in ("after_ms", "host_ms")
+               for v in samples[k]) or not _number(samples.get("after_idle_ms")):
+        raise BadSamples("the worker sent invalid device-busy or host times")
+    return samples
+
+
+def summarise(rounds: list[dict], nbytes: int | None) -> Measurement:
+    """One Measurement over one or more checked rounds of samples of the same thing.
+
+    ``nbytes`` is the traffic one call must move at least (for GB/s); None for no GB/s.
+    """
+    ms = [v for r in rounds for v in r["ms"]]
+    after = [v - r["after_idle_ms"] for r in rounds for v in r["after_ms"]]
+    side = statistics.median(after)
+    charged = side > max(SIDE_WORK_MS, SIDE_WORK_SHARE * statistics.median(ms))
+    if charged:
+        ms = [v + max(0.0, a) for v, a in zip(ms, after, strict=True)]
+    est = stats.estimate(ms)
+    max_sm = [r.get("max_sm_mhz") for r in rounds if _number(r.get("max_sm_mhz"))]
+    return Measurement(
+        ms=est.median, ci=[est.low, est.high], samples=est.samples,
+        gbps=nbytes / (est.median * 1e-3) / 1e9 if nbytes else None,
+        side_work_ms=side if charged else None,
+        host_ms=statistics.median(v for r in rounds for v in r["host_ms"]),
+        sm_mhz=_median([v for r in rounds for v in r["sm_mhz"]]),
+        mem_mhz=_median([v for r in rounds for v in r["mem_mhz"]]),
+        max_sm_mhz=max_sm[0] if max_sm else None,
+        slowed=sum(1 for r in rounds for v in r["slowed"] if v is True))
+
+
+def _number(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def _median(values: list) -> float | None:
+    numbers = [v for v in values if _number(v)]
+    return statistics.median(numbers) if numbers else None
+
+
+def estimate(m: Measurement) -> stats.Estimate:
+    return stats.Estimate(m.ms, m.ci[0], m.ci[1], m.samples)
+
+
+def drift(start: Measurement, end: Measurement) -> str | None:
+    """Why the reference timed at the start and at the end of a run disagree (their
+    intervals are disjoint: the machine drifted), or None."""
+    if not stats.disagree(estimate(start), estimate(end)):
+        return None
+    return (f"start {start.ms:.4g} ms ({start.ci[0]:.4g}-{start.ci[1]:.4g}), end {end.ms:.4g} "
+            f"ms ({end.ci[0]:.4g}-{end.ci[1]:.4g}): {100 * (end.ms / start.ms - 1):+.1f}%")
+
+
+def add_speedups(result: SubmissionResult, reference: list[Benchmark]) -> None:
+    """Per shape: reference median / candidate median, over the eager reference timed
+    alongside the candidate (the run's reference where it was not) and over torch.compile of
+    it, each with an interval; overall: geometric means over the timed shapes."""
+    for bench, ref in zip(result.benchmarks, reference, strict=True):
+        if bench.candidate is None:
+            continue
+        mine = estimate(bench.candidate)
+        eager = bench.reference or ref.reference
+        if eager is not None:
+            bench.speedup, *bench.speedup_ci = stats.ratio(estimate(eager), mine)
+        if ref.compiled is not None:
+            bench.compile_speedup, *bench.compile_speedup_ci = stats.ratio(
+                estimate(ref.compiled), mine)
+    timed = [b for b in result.benchmarks if b.candidate is not None and b.speedup]
+    result.speedup, result.speedup_ci = _overall([(b.speedup, b.speedup_ci) for b in timed])
+    result.compile_speedup, result.compile_speedup_ci = _overall(
+        [(b.compile_speedup, b.compile_speedup_ci) for b in timed])
+
+
+def _overall(pairs: list[tuple[float | None, list[float] | None]]
+             ) -> tuple[float | None, list[float] | None]:
+    """Geometric mean of per-shape speedups and of their bounds; None unless every shape has
+    one (a mean over some shapes would not compare with a mean over all)."""
+    if not pairs or any(value is None for value, _ in pairs):
+        return None, None
+    return (stats.geomean([v for v, _ in pairs]),
+            [stats.geomean([ci[k] for _, ci in pairs]) for k in (0, 1)])

@@ -1,0 +1,106 @@
+import random
+
+import pytest
+
+from kbench import measurement
+from kbench.results import Benchmark, Measurement, SubmissionResult
+from kbench.verdict import Status
+
+
+def worker_samples(ms: list[float], **extra) -> dict:
+    n = len(ms)
+    return {"ms": ms, "after_ms": [0.0] * n, "host_ms": [0.001] * n, "sm_mhz": [1980] * n,
+            "mem_mhz": [3201] * n, "slowed": [False] * n, "max_sm_mhz": 1980,
+            "after_idle_ms": 0.0, **extra}
+
+
+def noisy(rng: random.Random, centre: float, n: int = 200, spread: float = 0.01) -> list[float]:
+    return [centre * (1 + abs(rng.gauss(0, spread))) for _ in range(n)]
+
+
+def test_summarise_gives_median_interval_bandwidth_and_clocks():
+    m = measurement.summarise([measurement.check(worker_samples(
+        [1.0, 2.0, 3.0, 4.0, 5.0], slowed=[False, True, True, False, False]))], nbytes=2_000_000)
+    assert (m.ms, m.ci, m.samples) == (3.0, [1.0, 5.0], 5)
+    assert m.gbps == pytest.approx(2e6 / 3e-3 / 1e9)
+    assert (m.sm_mhz, m.mem_mhz, m.max_sm_mhz, m.slowed) == (1980, 3201, 1980, 2)
+    assert m.side_work_ms is None
+
+
+def test_rounds_are_pooled():
+    m = measurement.summarise([worker_samples([1.0] * 10), worker_samples([3.0] * 11)], None)
+    assert m.samples == 21 and m.ms == 3.0 and m.gbps is None
+
+
+@pytest.mark.parametrize("bad, message", [
+    (None, "no sample lists"),
+    ({"ms": [1.0]}, "no sample lists"),
+    (worker_samples([]), "no valid timings"),
+    (worker_samples([1.0, float("nan")]), "no valid timings"),
+    (worker_samples([1.0, -2.0]), "no valid timings"),
+    (worker_samples([1.0, True]), "no valid timings"),
+    (worker_samples([1.0, 2.0], slowed=[False]), "differ in length"),
+    (worker_samples([1.0, 2.0], after_ms=[0.0, float("inf")]), "device-busy or host"),
+])
+def test_check_refuses_what_the_stopwatch_never_sends(bad, message):
+    with pytest.raises(measurement.BadSamples, match=message):
+        measurement.check(bad)
+
+
+def test_work_left_on_other_streams_is_charged_but_jitter_is_not():
+    jitter = worker_samples([0.010] * 9, after_ms=[0.0, 0.0, 0.04, 0.0, -0.001, 0.0, 0.05, 0.0,
+                                                  0.0])
+    m = measurement.summarise([jitter], None)
+    assert m.side_work_ms is None and m.ms == pytest.approx(0.010)  # two late syncs: jitter
+    offset = worker_samples([0.010] * 9, after_ms=[0.031] * 9, after_idle_ms=0.03)
+    assert measurement.summarise([offset], None).side_work_ms is None  # this process's syncs
+    hidden = worker_samples([0.002] * 9, after_ms=[0.5] * 9)  # the work ran on another stream
+    m = measurement.summarise([hidden], None)
+    assert m.side_work_ms == pytest.approx(0.5) and m.ms == pytest.approx(0.502)
+    big = worker_samples([10.0] * 9, after_ms=[0.05] * 9)  # a sync's cost on a long call
+    assert measurement.summarise([big], None).side_work_ms is None
+
+
+def test_drift_only_beyond_noise():
+    rng = random.Random(3)
+
+    def timed(centre: float) -> Measurement:
+        return measurement.summarise([worker_samples(noisy(rng, centre))], 8)
+
+    start = timed(1.0)
+    assert measurement.drift(start, timed(1.0)) is None
+    text = measurement.drift(start, timed(1.05))
+    assert text is not None and "+5" in text
+    assert "-5" in measurement.drift(start, timed(0.95))
+
+
+def m(ms: float, rel: float = 0.01) -> Measurement:
+    return Measurement(ms=ms, ci=[ms * (1 - rel), ms * (1 + rel)], samples=100)
+
+
+def test_speedups_per_shape_and_geometric_mean_with_intervals():
+    reference = [Benchmark([1, 1], "float32", reference=m(2.0), compiled=m(1.0)),
+                 Benchmark([2, 2], "float32", reference=m(8.0), compiled=m(4.0)),
+                 Benchmark([3, 3], "float32", skipped="too big")]
+    result = SubmissionResult("s", "s.py", "0", Status.OK, benchmarks=[
+        Benchmark([1, 1], "float32", candidate=m(1.0)),
+        Benchmark([2, 2], "float32", candidate=m(2.0)),
+        Benchmark([3, 3], "float32", skipped="too big")])
+    measurement.add_speedups(result, reference)
+    assert [b.speedup for b in result.benchmarks[:2]] == [2.0, 4.0]
+    assert result.speedup == pytest.approx(8 ** 0.5)
+    low, high = result.speedup_ci
+    assert low == pytest.approx(8 ** 0.5 * 0.99 / 1.01) and high == pytest.approx(
+        8 ** 0.5 * 1.01 / 0.99)
+    assert result.compile_speedup == pytest.approx(2 ** 0.5)
+
+
+def test_no_compile_speedup_unless_every_timed_shape_has_one():
+    reference = [Benchmark([1, 1], "float32", reference=m(2.0), compiled=m(1.0)),
+                 Benchmark([2, 2], "float32", reference=m(8.0))]
+    result = SubmissionResult("s", "s.py", "0", Status.OK, benchmarks=[
+        Benchmark([1, 1], "float32", candidate=m(1.0)),
+        Benchmark([2, 2], "float32", candidate=m(2.0))])
+    measurement.add_speedups(result, reference)
+    assert result.speedup == pytest.approx(8 ** 0.5) and result.compile_speedup is None
+    assert result.benchmarks[0].compile_speedup == 1.0  # compiled 1 ms / candidate 1 ms
