@@ -65,3 +65,13 @@ def compare_values(got: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Comp
 
 def _rms(values: torch.Tensor) -> float:
     return float(values.pow(2).mean().sqrt()) if values.numel() else 0.0
+
+
+def identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and values, NaN equal to NaN: has a tensor changed since it was
+    copied?"""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())

@@ -26,7 +26,7 @@ from kbench import __version__, environment, measurement, scan
 from kbench import verdict as verdicts
 from kbench.build import build_dir, find_toolchain
 from kbench.cases import Case, plan_cases, select
-from kbench.compare import compare
+from kbench.compare import compare, identical
 from kbench.discovery import Submission
 from kbench.results import Benchmark, SubmissionResult
 from kbench.sandbox import Sandbox, SandboxFailure, child_env, remove_stale_logs
@@ -68,6 +68,16 @@ class _Built:
 _ROUNDS = 3
 
 Samples = dict  # one round of a worker's checked timing samples (kbench.worker.timing.Samples)
+
+
+@dataclass(frozen=True)
+class _Returned:
+    """An output as the worker returned it (memory the worker can still write) and the copy
+    that was checked."""
+
+    shared: torch.Tensor
+    copy: torch.Tensor
+    case: Case
 
 
 class _Stop(Exception):
@@ -211,9 +221,12 @@ class Grader:
                 with self._sandbox(f"{sub.name}.run.log", self._build_env(sub)) as box:
                     self._call(box, self._load_request(sub, instantiate=True),
                                self.task.limits.load_s, "load")
-                    self._check(box, sub, result)
+                    last = self._check(box, sub, result)
                     if self.timed:
                         self._time(box, result, reference)
+                    else:
+                        self._call(box, {"op": "ping"}, self.task.limits.case_s, "ping")
+                    self._recheck(sub, last)
                 verdict = Verdict(Status.OK)
             except _Stop as stop:
                 verdict, result.failure = stop.verdict, stop.failure
@@ -223,26 +236,31 @@ class Grader:
         result.status, result.reason = verdict.status, verdict.reason
         return result
 
-    def _check(self, box: Sandbox, sub: Submission, result: SubmissionResult | None) -> None:
+    def _check(self, box: Sandbox, sub: Submission,
+               result: SubmissionResult | None) -> _Returned | None:
         """Every case: fresh inputs here, the candidate's output back, the reference after.
-        Passed cases are counted in ``result``; the first failure raises _Stop."""
+        Passed cases are counted in ``result``. The first failure raises _Stop: wrong_output
+        for wrong values; flagged for right values from a call that returned a view of its
+        input, changed its input, or changed an output after returning it. Returns the last
+        output for a final look (see _recheck)."""
+        last = None
         for case in self.cases:
             inputs = self.reference.make_inputs(case.shape, case.dtype, case.distribution,
                                                 case.seed, self.device)
+            sent = [t.clone() for t in inputs]  # shared with the worker: its writes show here
             try:
-                answer = self._call(box, {"op": "run", "inputs": [t.clone() for t in inputs]},
+                answer = self._call(box, {"op": "run", "inputs": sent},
                                     self.task.limits.case_s, case.describe())
             except _Stop as stop:
                 stop.failure = self._failure(sub, case)
                 raise
-            out = answer["output"]
-            if out is None:
+            shared = answer["output"]
+            if shared is None:
                 raise _Stop(Verdict(Status.WRONG_OUTPUT, f"{case.describe()}: returned "
                                     f"{answer.get('output_type')}, expected torch.Tensor"),
                             self._failure(sub, case))
-            if type(out) is torch.Tensor:
-                out = out.clone()  # own copy: the worker's memory is its to change
-            del answer
+            out = shared.clone() if type(shared) is torch.Tensor else shared
+            self._recheck(sub, last)
             with torch.no_grad():
                 expected = self.ref_model(*inputs)
                 exact = self.ref_model(*[t.to(torch.float64) for t in inputs])
@@ -252,8 +270,26 @@ class Grader:
                 failure.update(max_abs_err=outcome.max_abs_err, max_rel_err=outcome.max_rel_err)
                 raise _Stop(Verdict(Status.WRONG_OUTPUT, f"{case.describe()}: {outcome.reason}"),
                             failure)
+            caught = ("returned a view of its input" if answer.get("aliases_input") is True
+                      else None if all(identical(s, p) for s, p in zip(sent, inputs, strict=True))
+                      else "changed its input")
+            if caught:
+                raise _Stop(Verdict(Status.FLAGGED, f"{case.describe()}: {caught} (the output "
+                                    "values were right)"), self._failure(sub, case))
+            last = _Returned(shared, out, case) if type(shared) is torch.Tensor else None
             if result is not None:
                 result.cases_passed += 1
+        return last
+
+    def _recheck(self, sub: Submission, returned: _Returned | None) -> None:
+        """An output must still hold what it held when it was checked: a thread or stream
+        that writes it afterwards would make the check meaningless. Called once the worker
+        has answered a later request."""
+        if returned is None:
+            return
+        if not identical(returned.shared, returned.copy):
+            raise _Stop(Verdict(Status.FLAGGED, f"{returned.case.describe()}: the output "
+                                "changed after it was returned"), self._failure(sub, returned.case))
 
     def _failure(self, sub: Submission, case: Case) -> dict:
         return {"case": case.to_dict(),

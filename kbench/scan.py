@@ -5,6 +5,7 @@ Read as text, never imported. Labels are facts about the code, not verdicts.
 
 from __future__ import annotations
 
+import ast
 import re
 
 _CUDA_SOURCE = re.compile(r"\bcuda_sources\s*=|__global__|\.cu['\"]")
@@ -16,6 +17,36 @@ def needs_cuda(source: str) -> bool:
     return bool(_CUSTOM_KERNEL.search(source)) and bool(_CUDA_SOURCE.search(source))
 
 
+# Things a reviewer of a fast result wants to know about; none of them is wrong in itself.
+_LABELS = {
+    "library-compute": re.compile(
+        r"\b(F|functional)\.\w*norm\w*\b|\btorch\.(linalg|norm|matmul|einsum|cdist)\b|"
+        r"\b(at|torch)::(norm|linalg_\w+|matmul|mm|bmm|sum|div)\b|cublas|cudnn"),
+    "try-except": re.compile(r"^\s*(try\s*:|except\b)|\bcatch\s*\(", re.MULTILINE),
+    "streams": re.compile(r"cuda\.Stream\b|cuda\.stream\(|cudaStream_t|cudaStreamCreate|"
+                          r"getStreamFromPool"),
+    "threads": re.compile(r"\bthreading\b|\bThread\(|\bmultiprocessing\b|concurrent\.futures|"
+                          r"std::thread|\bos\.fork\b"),
+    "introspection": re.compile(r"^\s*import\s+(gc|inspect)\b|\bgc\.|\binspect\.|sys\._getframe|"
+                                r"\bf_back\b|\bf_globals\b|__globals__", re.MULTILINE),
+}
+
+
 def flags(source: str) -> list[str]:
-    """Labels shown beside a result."""
-    return [] if _CUSTOM_KERNEL.search(source) else ["no-custom-kernel"]
+    """Labels shown beside a result: no custom kernel, and the _LABELS the code matches
+    (the module docstring and comment lines are left out: prose is not code)."""
+    found = [] if _CUSTOM_KERNEL.search(source) else ["no-custom-kernel"]
+    code = _without_prose(source)
+    return found + [name for name, pattern in _LABELS.items() if pattern.search(code)]
+
+
+def _without_prose(source: str) -> str:
+    lines = source.splitlines()
+    try:
+        body = ast.parse(source).body
+    except (SyntaxError, ValueError):
+        body = []
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        del lines[body[0].lineno - 1:body[0].end_lineno]
+    return "\n".join(line for line in lines if not line.lstrip().startswith(("#", "//")))

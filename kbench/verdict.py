@@ -22,6 +22,7 @@ class Status(str, Enum):
     CRASHED = "crashed"
     OUT_OF_MEMORY = "out_of_memory"
     WRONG_OUTPUT = "wrong_output"
+    FLAGGED = "flagged"  # outputs looked right, but a check caught how they were made
     SKIPPED = "skipped"
     INTERNAL_ERROR = "internal_error"  # kbench itself failed; not the submission's fault
 

@@ -24,6 +24,9 @@ EXPECTED = {
     "l2norm_half_math": "wrong_output",
     "l2norm_returns_tuple": "wrong_output",
     "l2norm_needs_cuda": "skipped",
+    "l2norm_inplace": "flagged",
+    "l2norm_scribbles_input": "flagged",
+    "l2norm_late_write": "flagged",
 }
 
 
@@ -68,6 +71,9 @@ def test_reasons_say_what_happened(run):
     assert "NaN where the reference is finite" in subs["l2norm_kernelbench"]["reason"]
     assert "returned builtins.tuple" in subs["l2norm_returns_tuple"]["reason"]
     assert "CUDA" in subs["l2norm_needs_cuda"]["reason"]
+    assert "returned a view of its input" in subs["l2norm_inplace"]["reason"]
+    assert "changed its input" in subs["l2norm_scribbles_input"]["reason"]
+    assert "output changed after it was returned" in subs["l2norm_late_write"]["reason"]
 
 
 def test_correct_submissions_are_timed_and_ranked(run):
@@ -89,7 +95,7 @@ def test_correct_submissions_are_timed_and_ranked(run):
     # The reference was timed before and after the candidates, and the two are pooled.
     start, end = (results["reference"][0][k] for k in ("reference_start", "reference_end"))
     assert results["reference"][0]["reference"]["samples"] == start["samples"] + end["samples"]
-    assert by_name(results)["l2norm_torch_ok"]["flags"] == ["no-custom-kernel"]
+    assert by_name(results)["l2norm_torch_ok"]["flags"] == ["no-custom-kernel", "library-compute"]
     assert by_name(results)["l2norm_cpp_ok"]["flags"] == []
     board = (out / "leaderboard.md").read_text()
     ranked, not_ranked = board.split("## Not ranked")

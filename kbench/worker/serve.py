@@ -6,9 +6,10 @@ Each answer is ``{"ok": True, ...}`` or ``{"ok": False, "error": {...}}``; crash
 are for the parent to notice.
 
   load  {path, module_name, class_name, init_args, device, reference, instantiate, compile}
-  run   {inputs}                       -> {output} or {output: None, output_type}
+  run   {inputs}                       -> {output, aliases_input} or {output: None, output_type}
   time  {shape, dtype, seed, timing}   -> {samples}  (timing.Samples as a dict)
   copy  {nbytes, timing}               -> {samples}  (the copy-bandwidth yardstick)
+  ping  {}                             -> {}  (a round trip: the previous request is over)
   exit
 """
 
@@ -78,7 +79,8 @@ class Worker:
             return {"ok": True, "output": None,
                     "output_type": f"{kind.__module__}.{kind.__qualname__}"}
         self.last_output = out
-        return {"ok": True, "output": out}
+        aliases = any(isinstance(t, torch.Tensor) and _same_memory(out, t) for t in inputs)
+        return {"ok": True, "output": out, "aliases_input": aliases}
 
     def time(self, shape: list, dtype: str, seed: int, timing: dict) -> dict:
         """Samples for one benchmark shape; input set i is drawn with seed ``seed + i``."""
@@ -101,6 +103,9 @@ class Worker:
         return self._measure(lambda args: args[1].copy_(args[0]), inputs,
                              {**timing, "mode": "eager"}, "copy bandwidth")
 
+    def ping(self) -> dict:
+        return {"ok": True}
+
     def _measure(self, call, inputs, timing: dict, stage: str) -> dict:
         self.last_output = None
         try:
@@ -110,6 +115,12 @@ class Worker:
         finally:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.device == b.device
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and a.untyped_storage().nbytes() > 0)
 
 
 def _error(stage: str, exc: BaseException) -> dict:

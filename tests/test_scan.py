@@ -1,0 +1,31 @@
+import pytest
+
+from kbench import scan
+
+KERNEL = 'load_inline(name="k", cuda_sources="__global__ void k() {}")\n'
+
+
+@pytest.mark.parametrize("snippet, label", [
+    ("y = F.normalize(x, dim=1)", "library-compute"),
+    ("n = torch.linalg.vector_norm(x, dim=1)", "library-compute"),
+    ("auto n = at::norm(x, 2, {1}, true);", "library-compute"),
+    ("try:\n    y = ext.run(x)\nexcept RuntimeError:\n    y = x", "try-except"),
+    ("s = torch.cuda.Stream()", "streams"),
+    ("cudaStream_t s; cudaStreamCreate(&s);", "streams"),
+    ("import threading\nthreading.Thread(target=f).start()", "threads"),
+    ("import gc\nfor o in gc.get_objects(): pass", "introspection"),
+    ("frame = sys._getframe(1).f_back", "introspection"),
+])
+def test_labels_name_what_reviewers_look_for(snippet, label):
+    assert label in scan.flags(KERNEL + snippet)
+    assert "no-custom-kernel" not in scan.flags(KERNEL + snippet)
+
+
+def test_docstrings_and_comments_are_not_code():
+    source = '"""Replaced torch.norm with a kernel; no threading."""\n# F.normalize was slow\n'
+    assert scan.flags(source + KERNEL) == []
+
+
+def test_plain_kernel_has_no_labels():
+    assert scan.flags(KERNEL + "y = ext.run(x)") == []
+    assert scan.flags("y = x * 2") == ["no-custom-kernel"]
