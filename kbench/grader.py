@@ -67,6 +67,11 @@ class _Built:
 # then weighs on both sides of a speedup alike.
 _ROUNDS = 3
 
+# A submission whose achieved bandwidth (the task's minimum bytes over its median time) beats
+# the copy bandwidth measured in the same run by more than this factor did not move those
+# bytes: it skipped work while timed (replayed, cached or left out the computation).
+_MAX_COPY_SHARE = 1.5
+
 Samples = dict  # one round of a worker's checked timing samples (kbench.worker.timing.Samples)
 
 
@@ -314,7 +319,18 @@ class Grader:
             bench.candidate = measurement.summarise(mine, nbytes)
             theirs = [t for t in theirs if t is not None]
             bench.reference = measurement.summarise(theirs, nbytes) if theirs else None
+            self._within_copy_bandwidth(bench)
         measurement.add_speedups(result, reference)
+
+    def _within_copy_bandwidth(self, bench: Benchmark) -> None:
+        copy = self._reference_worker.copy_gbps
+        gbps = bench.candidate.gbps if bench.candidate else None
+        if copy and gbps and gbps > _MAX_COPY_SHARE * copy:
+            shape = "x".join(map(str, bench.shape))
+            raise _Stop(Verdict(Status.FLAGGED, f"benchmark {shape}: {gbps:.0f} GB/s is "
+                                f"{gbps / copy:.1f}x the copy bandwidth measured in this run "
+                                f"({copy:.0f} GB/s): the timed calls cannot have moved the "
+                                "bytes the task needs"))
 
     def _time_compiled(self) -> tuple[list[Samples | None], str | None]:
         """torch.compile of the reference, shape by shape, in its own process; and why it

@@ -145,3 +145,16 @@ def test_torch_compile_of_the_reference_is_a_second_baseline(tmp_path, cache_dir
     assert bench["compile_speedup"] == pytest.approx(compiled["ms"] / bench["candidate"]["ms"])
     assert sub["compile_speedup"] == pytest.approx(bench["compile_speedup"])
     assert "vs compile" in (tmp_path / "out" / "leaderboard.md").read_text()
+
+
+def test_faster_than_memory_allows_is_flagged(tmp_path, cache_dir):
+    # 32 MiB per tensor: an honest call reads and writes it; the lazy one returns at once.
+    task = quick_task(tmp_path, **{"benchmarks.cpu": [[2048, 4096]]})
+    code, results = grade([str(FIXTURES / "cpu_timing" / "l2norm_lazy_when_timed.py"),
+                           str(FIXTURES / "cpu" / "l2norm_torch_ok.py"), "--task", str(task),
+                           "--device", "cpu"], tmp_path / "out", cache_dir)
+    subs = by_name(results)
+    lazy, honest = subs["l2norm_lazy_when_timed"], subs["l2norm_torch_ok"]
+    assert code == 0 and lazy["status"] == "flagged", lazy["reason"]
+    assert "the copy bandwidth measured in this run" in lazy["reason"]
+    assert honest["status"] == "ok" and honest["speedup"] > 0
