@@ -62,7 +62,8 @@ def summarise(rounds: list[dict], nbytes: int | None) -> Measurement:
         sm_mhz=_median([v for r in rounds for v in r["sm_mhz"]]),
         mem_mhz=_median([v for r in rounds for v in r["mem_mhz"]]),
         max_sm_mhz=max_sm[0] if max_sm else None,
-        slowed=sum(1 for r in rounds for v in r["slowed"] if v is True))
+        slowed=sum(1 for r in rounds for v in r["slowed"] if v is True),
+        l2_reset=all(r.get("persisting_l2_reset") is not False for r in rounds))
 
 
 def _number(value: object) -> bool:

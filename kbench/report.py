@@ -106,6 +106,9 @@ def leaderboard(run: RunResult) -> str:
     if run.copy_gbps:
         lines.append(f"- copy bandwidth (device to device, read + write, this run): "
                      f"{run.copy_gbps:.0f} GB/s; achieved GB/s count the task's minimum traffic")
+    if any(b.reference is not None and not b.reference.l2_reset for b in run.reference):
+        lines.append("- note: persisting L2 lines could not be reset before samples (no CUDA "
+                     "runtime library found by name); the L2 flush still ran")
     lines += [f"- note: {note}" for note in run.notes]
 
     def shape_name(b: Benchmark) -> str:

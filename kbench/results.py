@@ -22,6 +22,7 @@ class Measurement:
     mem_mhz: float | None = None
     max_sm_mhz: int | None = None
     slowed: int = 0  # samples read while NVML reported a slowdown (power, thermal)
+    l2_reset: bool = True  # persisting L2 lines were reset before every sample (CUDA)
 
 
 @dataclass

@@ -27,6 +27,7 @@ EXPECTED = {
     "l2norm_inplace": "flagged",
     "l2norm_scribbles_input": "flagged",
     "l2norm_late_write": "flagged",
+    "l2norm_channel_garbage": "runtime_error",
 }
 
 
@@ -74,6 +75,7 @@ def test_reasons_say_what_happened(run):
     assert "returned a view of its input" in subs["l2norm_inplace"]["reason"]
     assert "changed its input" in subs["l2norm_scribbles_input"]["reason"]
     assert "output changed after it was returned" in subs["l2norm_late_write"]["reason"]
+    assert "answer kbench does not accept" in subs["l2norm_channel_garbage"]["reason"]
 
 
 def test_correct_submissions_are_timed_and_ranked(run):

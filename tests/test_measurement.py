@@ -104,3 +104,9 @@ def test_no_compile_speedup_unless_every_timed_shape_has_one():
     measurement.add_speedups(result, reference)
     assert result.speedup == pytest.approx(8 ** 0.5) and result.compile_speedup is None
     assert result.benchmarks[0].compile_speedup == 1.0  # compiled 1 ms / candidate 1 ms
+
+
+def test_a_missed_persisting_l2_reset_is_kept():
+    assert measurement.summarise([worker_samples([1.0])], None).l2_reset  # CPU: not applicable
+    missed = worker_samples([1.0], persisting_l2_reset=False)
+    assert not measurement.summarise([worker_samples([1.0]), missed], None).l2_reset

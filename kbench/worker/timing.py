@@ -47,7 +47,7 @@ class Samples:
     slowed: list[bool] = field(default_factory=list)  # NVML reported a slowdown reason
     max_sm_mhz: int | None = None
     calls_per_sample: int = 1
-    persisting_l2_reset: bool = False
+    persisting_l2_reset: bool | None = None  # CUDA: could the runtime's reset be called
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -169,9 +169,9 @@ def measure(call: Callable[[list], object], inputs: Inputs, device: torch.device
     The first call runs untimed (it may JIT or load), then calls repeat for ``warmup_ms``.
     Before every sample the inputs are made and the cache is cooled (see _ColdCache), outside
     the timed interval. A CUDA sample is the interval between events on the current stream,
-    queued behind a hold (see _Hold) so that it is the device's time,
-    plus ``after_ms``, the time the device stayed busy after it (the trusted side charges it
-    when it is work on other streams); a CPU sample is wall time. ``mode="graph"`` (CUDA only)
+    queued behind a hold (see _Hold) so that it is the device's time, plus ``after_ms``, the
+    time the device stayed busy after it (the trusted side charges it when it is work on
+    other streams); a CPU sample is wall time. ``mode="graph"`` (CUDA only)
     times graph replays instead and divides by the calls in each. ``flush=False`` skips the
     cache flush (for measuring what it does). See _StoppingRule for when sampling ends.
     """
@@ -181,7 +181,8 @@ def measure(call: Callable[[list], object], inputs: Inputs, device: torch.device
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     cache = _ColdCache(device, flush)
     clocks = Clocks(device)
-    out = Samples(max_sm_mhz=clocks.max_sm_mhz, persisting_l2_reset=cache.reset is not None)
+    out = Samples(max_sm_mhz=clocks.max_sm_mhz,
+                  persisting_l2_reset=cache.reset is not None if cache.cuda and flush else None)
 
     first = inputs(0)
     call(first)
