@@ -18,11 +18,14 @@ _CLOCK = {
     "cpu": "wall clock around each call",
 }
 _MODE = {
-    "eager": "eager: one call per sample, queued behind a short spin kernel so the interval is "
-             "the device's time for the call (kernel launch gaps included, the host's Python "
-             "dispatch not: results.json has it as host_ms)",
-    "graph": "graph: each sample replays a CUDA graph of many calls on rotating inputs "
-             "(>= 3x L2) and is divided by the calls; host launch overhead excluded",
+    ("eager", "cuda"): "eager: one call per sample, queued behind a short spin kernel so the "
+                       "interval is the device's time for the call (kernel launch gaps "
+                       "included, the host's Python dispatch not: results.json has it as "
+                       "host_ms)",
+    ("eager", "cpu"): "eager: one call per sample",
+    ("graph", "cuda"): "graph: each sample replays a CUDA graph of many calls on rotating "
+                       "inputs (>= 3x L2) and is divided by the calls; host launch overhead "
+                       "excluded",
 }
 LAUNCH_BOUND_MS = 0.05  # below this, an eager figure is mostly launch overhead
 
@@ -72,7 +75,7 @@ def _ranked(run: RunResult) -> list[SubmissionResult]:
 
 
 def _launch_bound(run: RunResult) -> set[str]:
-    if run.timing_mode != "eager":
+    if run.timing_mode != "eager" or run.environment.get("device") != "cuda":
         return set()
     return {_shape(b) for b in run.reference
             if b.reference is not None and b.reference.ms < LAUNCH_BOUND_MS}
@@ -88,7 +91,7 @@ def leaderboard(run: RunResult) -> str:
              f"nvcc {env.get('nvcc') or '-'}",
              f"- kbench {run.kbench_version}, run {run.run_id}, seed {run.seed}, "
              f"started {run.started}",
-             f"- timing {_MODE.get(run.timing_mode, run.timing_mode)}; "
+             f"- timing {_MODE.get((run.timing_mode, env.get('device')), run.timing_mode)}; "
              f"{_CLOCK.get(env.get('device'), 'clock unknown')}; fresh input values for "
              "every call, caches flushed before each sample; sampling stops when the median's "
              "95 % interval is within the task's target or its time budget is spent",

@@ -100,6 +100,7 @@ def test_correct_submissions_are_timed_and_ranked(run):
     assert by_name(results)["l2norm_torch_ok"]["flags"] == ["no-custom-kernel", "library-compute"]
     assert by_name(results)["l2norm_cpp_ok"]["flags"] == []
     board = (out / "leaderboard.md").read_text()
+    assert "timing eager: one call per sample; wall clock" in board and "spin kernel" not in board
     ranked, not_ranked = board.split("## Not ranked")
     assert "l2norm_cpp_ok" in ranked and "l2norm_torch_ok" in ranked
     assert "l2norm_segfault" in not_ranked and "l2norm_segfault" not in ranked
