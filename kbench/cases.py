@@ -10,6 +10,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from kbench.results import shape_text
 from kbench.task import Task
 
 
@@ -22,8 +23,8 @@ class Case:
     seed: int
 
     def describe(self) -> str:
-        dims = "x".join(str(d) for d in self.shape)
-        return f"case {self.index} ({dims} {self.dtype} {self.distribution}, seed {self.seed})"
+        return (f"case {self.index} ({shape_text(self.shape)} {self.dtype} {self.distribution}, "
+                f"seed {self.seed})")
 
     def to_dict(self) -> dict:
         return {"index": self.index, "shape": list(self.shape), "dtype": self.dtype,

@@ -28,7 +28,7 @@ from kbench.build import build_dir, find_toolchain
 from kbench.cases import Case, plan_cases, select
 from kbench.compare import compare, identical
 from kbench.discovery import Submission
-from kbench.results import Benchmark, SubmissionResult
+from kbench.results import Benchmark, SubmissionResult, shape_text
 from kbench.sandbox import Sandbox, SandboxFailure, child_env, remove_stale_logs
 from kbench.store import Store
 from kbench.task import Task
@@ -108,6 +108,8 @@ class Grader:
         self.cases = select(plan_cases(task, options.seed), options.case_indices)
         self.timed = options.case_indices is None
         self._skips: list[str | None] = []  # per benchmark shape: why it cannot run here
+        self._itemsize = torch.empty(0, dtype=getattr(torch, task.benchmark_dtype)).element_size()
+        self._reference_file = Submission("reference", Path(self.reference.__file__))
         self._reference_worker = _ReferenceWorker(self)
         self.logs = options.out_dir / "logs"
 
@@ -150,26 +152,24 @@ class Grader:
         self.say(f"building {len(submissions)} submission(s), {self.opts.jobs} at a time")
         with ThreadPoolExecutor(max_workers=self.opts.jobs) as pool:
             built = dict(zip(submissions, pool.map(self._build, submissions), strict=True))
-        if not self.timed:
-            store.set_reference(run_id, [], None, ["timing skipped: --case selects correctness "
-                                                   "cases only"])
-            for sub in submissions:
-                result = self._evaluate(sub, built[sub], [])
-                store.add_result(run_id, result)
-                on_result(result)
-            return
         shapes = self.task.benchmarks[self.device.type]
-        self._skips = [self._unfit(list(shape)) for shape in shapes]
-        self.say(f"timing the reference on {len(shapes)} shape(s) ({self.opts.timing})")
+        reference: list[Benchmark] = []
+        start: list[Samples | None] = []
+        compiled: tuple[list[Samples | None], str | None] | None = None
         with self._reference_worker:
-            start = [self._reference_worker.samples(i, list(s), "start") for i, s in
-                     enumerate(shapes)]
-            compiled: tuple[list[Samples | None], str | None] | None = None
-            if self.task.timing[self.device.type].compile_reference:
-                self.say("timing torch.compile of the reference")
-                compiled = self._time_compiled()
-            reference, notes = self._reference_table(start, None, compiled)
-            store.set_reference(run_id, reference, self._reference_worker.copy_gbps, notes)
+            if self.timed:
+                self._skips = [self._unfit(list(shape)) for shape in shapes]
+                self.say(f"timing the reference on {len(shapes)} shape(s) ({self.opts.timing})")
+                start = [self._reference_worker.samples(i, list(s), "start")
+                         for i, s in enumerate(shapes)]
+                if self.task.timing[self.device.type].compile_reference:
+                    self.say("timing torch.compile of the reference")
+                    compiled = self._time_compiled()
+                reference, notes = self._reference_table(start, None, compiled)
+                store.set_reference(run_id, reference, self._reference_worker.copy_gbps, notes)
+            else:
+                store.set_reference(run_id, [], None, ["timing skipped: --case selects "
+                                                       "correctness cases only"])
             timed = False
             for sub in submissions:
                 result = self._evaluate(sub, built[sub], reference)
@@ -275,9 +275,11 @@ class Grader:
                 failure.update(max_abs_err=outcome.max_abs_err, max_rel_err=outcome.max_rel_err)
                 raise _Stop(Verdict(Status.WRONG_OUTPUT, f"{case.describe()}: {outcome.reason}"),
                             failure)
-            caught = ("returned a view of its input" if answer.get("aliases_input") is True
-                      else None if all(identical(s, p) for s, p in zip(sent, inputs, strict=True))
-                      else "changed its input")
+            caught = None
+            if answer.get("aliases_input") is True:
+                caught = "returned a view of its input"
+            elif not all(identical(s, p) for s, p in zip(sent, inputs, strict=True)):
+                caught = "changed its input"
             if caught:
                 raise _Stop(Verdict(Status.FLAGGED, f"{case.describe()}: {caught} (the output "
                                     "values were right)"), self._failure(sub, case))
@@ -323,11 +325,10 @@ class Grader:
         measurement.add_speedups(result, reference)
 
     def _within_copy_bandwidth(self, bench: Benchmark) -> None:
-        copy = self._reference_worker.copy_gbps
-        gbps = bench.candidate.gbps if bench.candidate else None
+        copy, gbps = self._reference_worker.copy_gbps, bench.candidate.gbps
         if copy and gbps and gbps > _MAX_COPY_SHARE * copy:
-            shape = "x".join(map(str, bench.shape))
-            raise _Stop(Verdict(Status.FLAGGED, f"benchmark {shape}: {gbps:.0f} GB/s is "
+            raise _Stop(Verdict(Status.FLAGGED, f"benchmark {shape_text(bench.shape)}: "
+                                f"{gbps:.0f} GB/s is "
                                 f"{gbps / copy:.1f}x the copy bandwidth measured in this run "
                                 f"({copy:.0f} GB/s): the timed calls cannot have moved the "
                                 "bytes the task needs"))
@@ -337,10 +338,10 @@ class Grader:
         failed, if it did."""
         shapes = self.task.benchmarks[self.device.type]
         timings: list[Samples | None] = [None] * len(shapes)
-        reference = Submission("reference", Path(self.reference.__file__))
         try:
             with self._sandbox("reference.compile.run.log", child_env({})) as box:
-                self._call(box, self._load_request(reference, True, "Model", compile=True),
+                self._call(box, self._load_request(self._reference_file, True, "Model",
+                                                   compile=True),
                            self.task.limits.load_s, "load")
                 for i, shape in enumerate(shapes):
                     if self._skips[i] is None:
@@ -371,7 +372,7 @@ class Grader:
                     bench.reference = measurement.summarise([start[i], last], nbytes)
                     bench.drift = measurement.drift(bench.reference_start, bench.reference_end)
                     if bench.drift:
-                        drifted.append(f"{'x'.join(map(str, shape))} {bench.drift}")
+                        drifted.append(f"{shape_text(shape)} {bench.drift}")
             if compiled and compiled[0][i]:
                 bench.compiled = measurement.summarise([compiled[0][i]], nbytes)
             table.append(bench)
@@ -397,10 +398,7 @@ class Grader:
 
     def _traffic(self, shape: list[int]) -> int:
         """Bytes one call must move at least: the task's minimum traffic for this shape."""
-        return self.task.min_traffic * math.prod(shape) * self._itemsize()
-
-    def _itemsize(self) -> int:
-        return torch.empty(0, dtype=getattr(torch, self.task.benchmark_dtype)).element_size()
+        return self.task.min_traffic * math.prod(shape) * self._itemsize
 
     def _timing(self, rounds: int) -> dict:
         """The task's timing settings for one of ``rounds`` turns."""
@@ -415,7 +413,7 @@ class Grader:
         """One round of timing for benchmark ``index``. Inputs follow from the run's seed,
         the shape and ``tag``: the same for every side, new for every round."""
         seed = random.Random(f"{self.opts.seed}/benchmark/{index}/{tag}").getrandbits(62)
-        stage = f"benchmark {'x'.join(map(str, shape))}"
+        stage = f"benchmark {shape_text(shape)}"
         answer = self._call(box, {"op": "time", "shape": shape, "seed": seed,
                                   "dtype": self.task.benchmark_dtype,
                                   "timing": self._timing(rounds)},
@@ -430,7 +428,7 @@ class Grader:
 
     def _unfit(self, shape: list[int]) -> str | None:
         """Why a benchmark shape cannot run here (input, output and one temporary must fit)."""
-        need = 3 * math.prod(shape) * self._itemsize()
+        need = 3 * math.prod(shape) * self._itemsize
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
             free, where = torch.cuda.mem_get_info(self.device)[0], "on the device"
@@ -488,8 +486,12 @@ class _ReferenceWorker:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._close()
+
+    def _close(self) -> None:
         if self.box is not None:
             self.box.close()
+            self.box = None
 
     def samples(self, index: int, shape: list[int], tag: str, rounds: int = 1) -> Samples | None:
         """One round at benchmark ``index``; None if the reference cannot be timed."""
@@ -500,9 +502,7 @@ class _ReferenceWorker:
             return g._samples(self._open(), index, shape, tag, rounds)
         except _Stop as stop:
             self.failure = stop.verdict.reason
-            if self.box is not None:
-                self.box.close()
-                self.box = None
+            self._close()
             return None
 
     def _open(self) -> Sandbox:
@@ -512,11 +512,11 @@ class _ReferenceWorker:
             raise _Stop(Verdict(Status.INTERNAL_ERROR, self.failure or "no reference"))
         self.opened += 1
         g = self.grader
-        reference = Submission("reference", Path(g.reference.__file__))
         box = g._sandbox("reference.run.log", child_env({}))
         try:
-            g._call(box, g._load_request(reference, True, "Model"), g.task.limits.load_s, "load")
-            g._check(box, reference, None)
+            g._call(box, g._load_request(g._reference_file, True, "Model"), g.task.limits.load_s,
+                    "load")
+            g._check(box, g._reference_file, None)
             if self.copy_gbps is None:
                 self.copy_gbps = g._copy_gbps(box)
         except BaseException:

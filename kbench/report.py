@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from kbench.results import Benchmark, Measurement, RunResult, SubmissionResult
+from kbench.results import Benchmark, Measurement, RunResult, SubmissionResult, shape_text
 from kbench.verdict import Status
 
 _CLOCK = {
@@ -40,7 +40,7 @@ def progress_line(result: SubmissionResult, index: int, total: int) -> str:
 
 
 def _shape(b: Benchmark) -> str:
-    return "x".join(str(d) for d in b.shape)
+    return shape_text(b.shape)
 
 
 def _ms(m: Measurement | None) -> str:

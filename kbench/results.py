@@ -7,6 +7,11 @@ from dataclasses import asdict, dataclass, field
 from kbench.verdict import Status
 
 
+def shape_text(shape: list[int] | tuple[int, ...]) -> str:
+    """A shape as reports write it: 4096x4096."""
+    return "x".join(str(d) for d in shape)
+
+
 @dataclass
 class Measurement:
     """One side's timing of one shape: the median in ms with its 95 % interval ([low, high]),
