@@ -6,7 +6,8 @@
 Parts (each prints a Markdown table; all are saved in DIR/evidence.json and DIR/evidence.md):
 - repeat: grade a torch-only submission, l2norm_v1 and l2norm_v3 ``--runs`` times, each a fresh
   ``kbench grade --force`` process with a fresh seed, and report each shape's speedup spread
-  (max - min) / median, the verdicts, the copy bandwidth and the reference's GB/s per run;
+  (max - min) / median, the verdicts, the copy bandwidth and the reference's GB/s per run.
+  Runs already in DIR/repeat/runN/results.json are kept, so the runs can span several calls;
 - agree: the reference and l2norm_v3 timed by kbench's stopwatch and by torch.profiler's kernel
   durations (CUPTI), cold cache both ways, per shape;
 - flush: the reference at the smallest and largest shape, with and without the cache flush.
@@ -63,6 +64,9 @@ def repeat(out: Path, runs: int, save, timing: str, shapes: int | None) -> tuple
     results = []
     for i in range(runs):
         folder = out / "repeat" / f"run{i + 1}"
+        if (folder / "results.json").exists():  # from an earlier call with the same --out
+            results.append(json.loads((folder / "results.json").read_text()))
+            continue
         cmd = [sys.executable, "-m", "kbench", "grade", *map(str, SUBMISSIONS), "--force",
                "--task", str(task_dir / "l2norm.yaml"), "--out", str(folder), "--timing", timing]
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -166,9 +170,9 @@ def kbench_ms(model, shape: tuple[int, int], flush: bool = True) -> stats.Estima
     settings = vars(load_task("l2norm").timing["cuda"]).copy()
     settings.pop("compile_reference")
     with torch.no_grad():
-        samples = measure(lambda args: model(*args),
-                          lambda i: make_inputs(shape, "float32", "normal", 100 + i, "cuda"),
-                          torch.device("cuda"), flush=flush, **settings)
+        samples, _ = measure(lambda args: model(*args),
+                             lambda i: make_inputs(shape, "float32", "normal", 100 + i, "cuda"),
+                             torch.device("cuda"), flush=flush, **settings)
     return stats.estimate(samples.ms)
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from kbench.task import Tolerance
+
+_vector_norm = torch.linalg.vector_norm  # bound before any submission could replace it
 
 
 @dataclass(frozen=True)
@@ -20,22 +23,56 @@ class Comparison:
 def compare(out: object, expected: torch.Tensor, exact: torch.Tensor, tol: Tolerance) -> Comparison:
     """``expected`` is the reference run at the input's own dtype (for type, shape, dtype and
     device); ``exact`` is the reference run in float64 on the same input (for values)."""
+    reason = _mismatch(out, expected)
+    if reason:
+        return Comparison(False, reason)
+    return compare_values(out.detach().to(torch.float64), exact, tol)
+
+
+def compare_in_chunks(out: object, expected: torch.Tensor, tol: Tolerance,
+                      chunk: int = 1 << 24) -> Comparison:
+    """``compare`` against ``expected`` alone (the reference in the output's dtype), a chunk
+    of elements at a time: for outputs too large to hold in float64 twice over, such as a
+    timed call's. The rms scale is the whole reference's."""
+    reason = _mismatch(out, expected)
+    if reason:
+        return Comparison(False, reason)
+    got, ref = out.detach().reshape(-1), expected.reshape(-1)
+    squares, count = 0.0, 0
+    for part in ref.split(chunk):
+        finite = part[torch.isfinite(part)].to(torch.float64)
+        squares, count = squares + float(finite.pow(2).sum()), count + finite.numel()
+    scale = math.sqrt(squares / count) if count else 0.0
+    for start, (mine, theirs) in enumerate(zip(got.split(chunk), ref.split(chunk),
+                                               strict=True)):
+        outcome = compare_values(mine.to(torch.float64), theirs.to(torch.float64), tol, scale)
+        if not outcome.ok:
+            return Comparison(False, f"from flat element {start * chunk}: {outcome.reason}",
+                              outcome.max_abs_err, outcome.max_rel_err)
+    return Comparison(True)
+
+
+def _mismatch(out: object, expected: torch.Tensor) -> str | None:
+    """Why ``out`` is not even the right kind of tensor, or None."""
     if type(out) is not torch.Tensor:
-        return Comparison(False, f"returned {type(out).__module__}.{type(out).__qualname__}, "
-                                 "expected exactly torch.Tensor")
+        return (f"returned {type(out).__module__}.{type(out).__qualname__}, "
+                "expected exactly torch.Tensor")
     for what, got, want in (("shape", tuple(out.shape), tuple(expected.shape)),
                             ("dtype", out.dtype, expected.dtype),
                             ("device", out.device, expected.device)):
         if got != want:
-            return Comparison(False, f"output {what} {got}, expected {want}")
-    return compare_values(out.detach().to(torch.float64), exact, tol)
+            return f"output {what} {got}, expected {want}"
+    return None
 
 
-def compare_values(got: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> Comparison:
-    """NaN and Inf pass only where the reference has the same; finite values within tolerance."""
+def compare_values(got: torch.Tensor, ref: torch.Tensor, tol: Tolerance,
+                   scale: float | None = None) -> Comparison:
+    """NaN and Inf pass only where the reference has the same; finite values within tolerance
+    (atol times ``scale``, by default the rms of the reference's finite values)."""
     ref_finite = torch.isfinite(ref)
     both_finite = ref_finite & torch.isfinite(got)
-    scale = _rms(ref[ref_finite])
+    if scale is None:
+        scale = _rms(ref[ref_finite])
     err = torch.where(both_finite, (got - ref).abs(), torch.zeros_like(ref))
     within = err <= tol.atol * scale + tol.rtol * ref.abs()
     same_special = (torch.isnan(ref) & torch.isnan(got)) | (torch.isinf(ref) & (got == ref))
@@ -75,3 +112,21 @@ def identical(a: torch.Tensor, b: torch.Tensor) -> bool:
     if not a.is_floating_point():
         return torch.equal(a, b)
     return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def fingerprint(output: object) -> float | None:
+    """The L2 norm of a floating-point tensor (NaN where any value is NaN), computed without
+    a temporary copy; None for anything else. The worker takes it as a timed call returns;
+    the parent takes it again later: a difference means the output was still being written."""
+    if type(output) is not torch.Tensor or not output.is_floating_point():
+        return None
+    return float(_vector_norm(output.detach()))
+
+
+def same_fingerprint(now: float | None, then: float) -> bool:
+    """Equal up to the rounding of a reduction run with another thread count (CPU)."""
+    if now is None:
+        return False
+    if math.isnan(now) or math.isnan(then):
+        return math.isnan(now) and math.isnan(then)
+    return abs(now - then) <= 1e-5 * max(abs(now), abs(then)) or now == then

@@ -22,16 +22,24 @@ from pathlib import Path
 import psutil
 import torch
 
-from kbench import __version__, environment, measurement, scan
+from kbench import __version__, environment, measurement, paths, scan
 from kbench import verdict as verdicts
 from kbench.build import build_dir, find_toolchain
 from kbench.cases import Case, plan_cases, select
-from kbench.compare import compare, identical
+from kbench.compare import (
+    compare,
+    compare_in_chunks,
+    compare_values,
+    fingerprint,
+    identical,
+    same_fingerprint,
+)
 from kbench.discovery import Submission
+from kbench.guard import Guard, Presence
 from kbench.results import Benchmark, SubmissionResult, shape_text
 from kbench.sandbox import Sandbox, SandboxFailure, child_env, remove_stale_logs
 from kbench.store import Store
-from kbench.task import Task
+from kbench.task import Task, Tolerance
 from kbench.verdict import Status, Verdict
 
 
@@ -72,6 +80,22 @@ _ROUNDS = 3
 # bytes: it skipped work while timed (replayed, cached or left out the computation).
 _MAX_COPY_SHARE = 1.5
 
+# Outputs of timed calls verified per round: the two latest and others picked at random.
+_VERIFIED = 8
+
+# The trusted clock: per shape, kbench times this many passes of calls run back to back on its
+# own clock (the best one counts), each pass as many calls as the submission's median says fill
+# _CLOCKED_MS (within 1 and _CLOCKED_MAX_CALLS), so the round trip's noise is small beside it.
+# The submission's median time plus its host dispatch time must explain that pass's time per
+# call, within this share of the median plus this many ms (wider on a CPU, where a pass of warm
+# calls and the cold timed ones differ more).
+_CLOCKED_PASSES = 3
+_CLOCKED_MS = 20.0
+_CLOCKED_MAX_CALLS = 2000
+_CLOCK_SLACK = {"cuda": (0.15, 0.1), "cpu": (0.5, 1.0)}
+
+_random = random.SystemRandom()  # choices a submission must not be able to predict
+
 Samples = dict  # one round of a worker's checked timing samples (kbench.worker.timing.Samples)
 
 
@@ -83,6 +107,11 @@ class _Returned:
     shared: torch.Tensor
     copy: torch.Tensor
     case: Case
+
+
+def _tampered(when: str, lines: list[str]) -> Verdict:
+    return Verdict(Status.FLAGGED, f"{when}, wrote to files kbench owns (put right since): "
+                   + "; ".join(lines)[:1000])
 
 
 class _Stop(Exception):
@@ -112,6 +141,16 @@ class Grader:
         self._reference_file = Submission("reference", Path(self.reference.__file__))
         self._reference_worker = _ReferenceWorker(self)
         self.logs = options.out_dir / "logs"
+        # kbench's own code (every new worker imports it) but not the bundled submissions:
+        # those of a run are watched one by one (see _watch).
+        code = tuple(p for p in paths.PACKAGE_DIR.iterdir()
+                     if p.name not in ("submissions", "__pycache__"))
+        cache = options.cache_dir / "extensions"
+        self.guard = Guard(restorable=(options.out_dir, task.path, Path(self.reference.__file__),
+                                       *code),
+                           cache=(cache,), shared=(options.out_dir, cache))
+        self._presences = [Presence(options.cache_dir)]  # and the store's (see grade)
+        self.unwatched = 0  # submissions whose writes to the shared folders went unchecked
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -120,6 +159,7 @@ class Grader:
               on_result: Callable[[SubmissionResult], None] = lambda r: None) -> int:
         """Grade into ``store``: a new run, or the rest of ``run_id``. Each result is stored the
         moment it is known. Returns the run's id."""
+        self._presences.append(store.presence)
         env = environment.describe(self.device.type, self.toolchain)
         fingerprint = environment.fingerprint(env)
         if run_id is None:
@@ -150,8 +190,7 @@ class Grader:
     def _grade_anew(self, submissions: list[Submission], store: Store, run_id: int,
                     on_result: Callable[[SubmissionResult], None]) -> None:
         self.say(f"building {len(submissions)} submission(s), {self.opts.jobs} at a time")
-        with ThreadPoolExecutor(max_workers=self.opts.jobs) as pool:
-            built = dict(zip(submissions, pool.map(self._build, submissions), strict=True))
+        built = self._build_all(submissions)
         shapes = self.task.benchmarks[self.device.type]
         reference: list[Benchmark] = []
         start: list[Samples | None] = []
@@ -160,7 +199,7 @@ class Grader:
             if self.timed:
                 self._skips = [self._unfit(list(shape)) for shape in shapes]
                 self.say(f"timing the reference on {len(shapes)} shape(s) ({self.opts.timing})")
-                start = [self._reference_worker.samples(i, list(s), "start")
+                start = [self._reference_worker.samples(i, list(s))
                          for i, s in enumerate(shapes)]
                 if self.task.timing[self.device.type].compile_reference:
                     self.say("timing torch.compile of the reference")
@@ -178,12 +217,52 @@ class Grader:
                 timed = timed or any(b.candidate for b in result.benchmarks)
             if timed:  # the reference once more: did the machine drift meanwhile?
                 self.say("timing the reference again (drift check)")
-                end = [self._reference_worker.samples(i, list(s), "end") if start[i] else None
+                end = [self._reference_worker.samples(i, list(s)) if start[i] else None
                        for i, s in enumerate(shapes)]
                 reference, notes = self._reference_table(start, end, compiled)
                 store.set_reference(run_id, reference, self._reference_worker.copy_gbps, notes)
+        if self.unwatched:
+            self.say(f"note: other kbench processes used {self.opts.out_dir} or the build cache "
+                     f"in {self.unwatched} of this run's watch windows; writes there by the "
+                     "submissions then running could not be told from theirs and went unchecked")
 
     # -- build -----------------------------------------------------------------------------
+
+    def _build_all(self, submissions: list[Submission]) -> dict[Submission, _Built]:
+        """Build in parallel, watching kbench's files (see kbench.guard). If a build wrote to
+        them, the files are put right and the builds run again one at a time (from the warm
+        cache) to find which: that one is flagged."""
+        changed = self._watch(submissions)
+        with ThreadPoolExecutor(max_workers=self.opts.jobs) as pool:
+            built = dict(zip(submissions, pool.map(self._build, submissions), strict=True))
+        if not changed():
+            return built
+        for sub in submissions:
+            changed = self._watch([sub])
+            built[sub] = self._build(sub)
+            if lines := changed():
+                built[sub] = _Built(_tampered("while building", lines), built[sub].seconds)
+        return built
+
+    def _watch(self, submissions: list[Submission]) -> Callable[[], list[str]]:
+        """Start watching kbench's files (kbench.guard) while these submissions' code runs;
+        call the result once it has ended: what they changed, put right since. The output
+        folder and the build cache count only if no other kbench process used them at the
+        start or at the end (their writes there cannot be told from a submission's)."""
+        ignore = [self.logs] + [self._build_folder(s) for s in submissions]
+        guard = Guard(self.guard.restorable + tuple(s.path for s in submissions),
+                      self.guard.cache, self.guard.shared)
+        alone = all(p.alone() for p in self._presences)
+        before = guard.snapshot(ignore, alone)
+
+        def changed() -> list[str]:
+            shared = alone and all(p.alone() for p in self._presences)
+            self.unwatched += not shared
+            return guard.repair(before, ignore, shared)
+        return changed
+
+    def _build_folder(self, sub: Submission) -> Path:
+        return build_dir(self.opts.cache_dir, sub.path, self.toolchain)
 
     def _build(self, sub: Submission) -> _Built:
         """Import the submission once in its own process: this compiles its extensions."""
@@ -200,7 +279,7 @@ class Grader:
         return _Built(None, time.monotonic() - start)
 
     def _build_env(self, sub: Submission) -> dict[str, str]:
-        folder = build_dir(self.opts.cache_dir, sub.path, self.toolchain)
+        folder = self._build_folder(sub)
         folder.mkdir(parents=True, exist_ok=True)
         cores = max(1, (psutil.cpu_count() or 1) // self.opts.jobs)
         return child_env({**self.toolchain.env(), "TORCH_EXTENSIONS_DIR": str(folder),
@@ -216,6 +295,7 @@ class Grader:
             status=Status.OK, cases_total=len(self.cases), flags=scan.flags(source),
             build_s=round(built.seconds, 2), logs=[str(self.logs / f"{sub.name}.build.log")])
         verdict = built.verdict
+        changed = self._watch([sub])
         if verdict is None and self.device.type == "cpu" and scan.needs_cuda(source):
             tools = self.toolchain
             verdict = Verdict(Status.SKIPPED, f"built with nvcc {tools.nvcc_version} for CUDA arch "
@@ -238,6 +318,8 @@ class Grader:
             except Exception as exc:  # a kbench bug must not end the run or blame the submission
                 traceback.print_exc()
                 verdict = Verdict(Status.INTERNAL_ERROR, f"kbench failed: {exc!r}")
+        if lines := changed():
+            verdict = _tampered("while graded", lines)
         result.status, result.reason = verdict.status, verdict.reason
         return result
 
@@ -246,10 +328,13 @@ class Grader:
         """Every case: fresh inputs here, the candidate's output back, the reference after.
         Passed cases are counted in ``result``. The first failure raises _Stop: wrong_output
         for wrong values; flagged for right values from a call that returned a view of its
-        input, changed its input, or changed an output after returning it. Returns the last
-        output for a final look (see _recheck)."""
-        last = None
-        for case in self.cases:
+        input, changed its input, or changed an output after returning it. One case, picked
+        at random, is sent twice: the second output must match the first (determinism).
+        Returns the last output for a final look (see _recheck)."""
+        last, first_again = None, None
+        again = _random.choice(self.cases) if self.cases else None
+        for case in self.cases + ([again] if again else []):
+            repeat = case is again and first_again is not None
             inputs = self.reference.make_inputs(case.shape, case.dtype, case.distribution,
                                                 case.seed, self.device)
             sent = [t.clone() for t in inputs]  # shared with the worker: its writes show here
@@ -283,10 +368,29 @@ class Grader:
             if caught:
                 raise _Stop(Verdict(Status.FLAGGED, f"{case.describe()}: {caught} (the output "
                                     "values were right)"), self._failure(sub, case))
+            if repeat:
+                self._same_twice(sub, case, first_again, out)
             last = _Returned(shared, out, case) if type(shared) is torch.Tensor else None
-            if result is not None:
+            if case is again and first_again is None:
+                first_again = out
+            if result is not None and not repeat:
                 result.cases_passed += 1
         return last
+
+    def _same_twice(self, sub: Submission, case: Case, first: torch.Tensor,
+                    second: object) -> None:
+        """The same input, sent twice: the outputs, each right, must also agree with each
+        other within the task's tolerance."""
+        if type(second) is torch.Tensor and second.shape == first.shape:
+            outcome = compare_values(second.to(torch.float64), first.to(torch.float64),
+                                     self.task.tolerance[case.dtype])
+            if outcome.ok:
+                return
+            why = outcome.reason
+        else:
+            why = f"the second is {type(second).__qualname__} {tuple(getattr(second, 'shape', ()))}"
+        raise _Stop(Verdict(Status.FLAGGED, f"{case.describe()}: the same input twice gave "
+                            f"different outputs ({why})"), self._failure(sub, case))
 
     def _recheck(self, sub: Submission, returned: _Returned | None) -> None:
         """An output must still hold what it held when it was checked: a thread or stream
@@ -313,16 +417,123 @@ class Grader:
             if ref.reference is None:
                 continue
             mine, theirs = [], []
-            for r in range(_ROUNDS):
-                tag = f"round{r}"
-                theirs.append(self._reference_worker.samples(i, ref.shape, tag, _ROUNDS))
-                mine.append(self._samples(box, i, ref.shape, tag, _ROUNDS))
+            for _ in range(_ROUNDS):
+                theirs.append(self._reference_worker.samples(i, ref.shape, _ROUNDS))
+                mine.append(self._samples(box, ref.shape, _ROUNDS, keep=True))
+                self._verify(box, ref.shape, mine[-1]["kept"])
             nbytes = self._traffic(ref.shape)
             bench.candidate = measurement.summarise(mine, nbytes)
             theirs = [t for t in theirs if t is not None]
             bench.reference = measurement.summarise(theirs, nbytes) if theirs else None
             self._within_copy_bandwidth(bench)
+            self._ordered(bench)
+            self._within_trusted_clock(box, bench)
         measurement.add_speedups(result, reference)
+
+    def _verify(self, box: Sandbox, shape: list[int], kept: object) -> None:
+        """Outputs of timed calls, checked like a case's: the two latest and others picked
+        here at random among those the worker kept (see kbench.worker.timing._Kept), against
+        the reference on the same inputs, drawn again here from the seeds the worker used.
+        The comparison is with the reference in the benchmark dtype at twice the task's
+        tolerance: it is there to catch outputs not computed from these inputs. An output
+        whose fingerprint differs from the one taken as its call returned was still being
+        written: flagged."""
+        stage = f"benchmark {shape_text(shape)}"
+        if not isinstance(kept, list) or not all(type(c) is int for c in kept):
+            raise _Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker sent no valid "
+                                "list of kept outputs"))
+        kept = sorted(set(kept))
+        chosen = kept[-2:] + _random.sample(kept[:-2], min(len(kept) - 2, _VERIFIED - 2)) \
+            if len(kept) > 2 else kept
+        answer = self._call(box, {"op": "outputs", "calls": chosen}, self.task.limits.case_s,
+                            stage)
+        items = answer.get("outputs")
+        if not isinstance(items, list) or sorted(
+                i.get("call") for i in items if isinstance(i, dict)) != sorted(chosen):
+            raise _Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker did not send the "
+                                "kept outputs asked for"))
+        dtype = self.task.benchmark_dtype
+        tol = self.task.tolerance[dtype]
+        loose = Tolerance(rtol=2 * tol.rtol, atol=2 * tol.atol)
+        for item in items:
+            seed, norm, shared = item.get("seed"), item.get("norm"), item.get("output")
+            where = f"{stage}: timed call {item['call']}"
+            if type(seed) is not int or not (norm is None or type(norm) is float):
+                raise _Stop(Verdict(Status.RUNTIME_ERROR, f"{where}: the worker sent no valid "
+                                    "seed or fingerprint"))
+            if type(shared) is not torch.Tensor:
+                raise _Stop(Verdict(Status.WRONG_OUTPUT, f"{where} returned "
+                                    f"{item.get('output_type')}, expected torch.Tensor"))
+            inputs = self.reference.make_inputs(tuple(shape), dtype, "normal", seed,
+                                                self.device)
+            with torch.no_grad():
+                expected = self.ref_model(*inputs)
+            del inputs
+            if norm is not None and not same_fingerprint(fingerprint(shared), norm):
+                raise _Stop(Verdict(Status.FLAGGED, f"{where}: the output changed after the "
+                                    "call returned (it was still being written)"))
+            outcome = compare_in_chunks(shared, expected, loose)
+            del expected
+            if not outcome.ok:
+                raise _Stop(Verdict(Status.WRONG_OUTPUT, f"{where}: wrong output: "
+                                    f"{outcome.reason}"))
+        del items, answer
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _within_trusted_clock(self, box: Sandbox, bench: Benchmark) -> None:
+        """Time calls on kbench's own clock, where the worker cannot reach: passes of calls
+        back to back on fresh input sets (see Worker.clocked), each call followed by a
+        device-wide synchronisation, no hold, no flush, as one request whose round trip is
+        timed here, less that of the same pass with no call in it. The best pass's time per
+        call must be
+        explained by the submission's median plus its host dispatch time; work hidden from
+        the stopwatch, or a stopwatch tampered with in the worker, shows up as the
+        difference: flagged. The passes' outputs are verified too. Eager mode only: a graph
+        replay's figures leave out the per-call dispatch that such a pass includes."""
+        if self.opts.timing != "eager":
+            return
+        stage = f"benchmark {shape_text(bench.shape)}"
+        limit = self.task.limits.benchmark_s
+        mine = bench.candidate
+        calls = min(_CLOCKED_MAX_CALLS, max(1, math.ceil(_CLOCKED_MS / mine.ms)))
+        best = math.inf
+        for _ in range(_CLOCKED_PASSES):
+            self._call(box, {"op": "prepare", "shape": bench.shape, "calls": calls,
+                             "dtype": self.task.benchmark_dtype}, limit, stage)
+            seconds = []
+            for empty in (True, False):
+                t0 = time.perf_counter()
+                answer = self._call(box, {"op": "clocked", "empty": empty}, limit, stage)
+                seconds.append(time.perf_counter() - t0)
+                if answer.get("calls") != calls:
+                    raise _Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker's clocked "
+                                        f"pass did not run the {calls} calls asked for"))
+            self._verify(box, bench.shape, answer.get("kept"))
+            best = min(best, max(0.0, seconds[1] - seconds[0]) * 1e3 / calls)
+        mine.trusted_ms = best
+        explained = mine.ms + (mine.host_ms or 0.0 if self.device.type == "cuda" else 0.0)
+        share, ms = _CLOCK_SLACK[self.device.type]
+        if best - explained > share * mine.ms + ms:
+            raise _Stop(Verdict(Status.FLAGGED, f"{stage}: kbench's own clock took {best:.4g} "
+                                f"ms per call; the submission's timing explains {explained:.4g} "
+                                f"ms ({mine.ms:.4g} ms timed + host dispatch): work was hidden "
+                                "from the stopwatch or the stopwatch was tampered with"))
+
+    @staticmethod
+    def _ordered(bench: Benchmark) -> None:
+        """Work a call left on other streams is charged to its figures (kbench.measurement);
+        where it is a large part of the call, the output was handed back before the work
+        writing it was ordered before the caller's stream, a race for any real caller:
+        flagged."""
+        side = bench.candidate.side_work_ms
+        if side is not None and side > max(measurement.UNORDERED_MS,
+                                           measurement.UNORDERED_SHARE * bench.candidate.ms):
+            raise _Stop(Verdict(Status.FLAGGED, f"benchmark {shape_text(bench.shape)}: the "
+                                f"device stayed busy {side:.3g} ms after the call's stream was "
+                                "done: work left on other streams, not ordered before the "
+                                "caller's stream, so the output was returned before it was "
+                                "ready"))
 
     def _within_copy_bandwidth(self, bench: Benchmark) -> None:
         copy, gbps = self._reference_worker.copy_gbps, bench.candidate.gbps
@@ -345,7 +556,7 @@ class Grader:
                            self.task.limits.load_s, "load")
                 for i, shape in enumerate(shapes):
                     if self._skips[i] is None:
-                        timings[i] = self._samples(box, i, list(shape), "start")
+                        timings[i] = self._samples(box, list(shape))
         except _Stop as stop:
             return timings, stop.verdict.reason
         return timings, None
@@ -408,13 +619,12 @@ class Grader:
                 "budget_ms": t.budget_ms / rounds, "target_ci": t.target_ci,
                 "mode": self.opts.timing}
 
-    def _samples(self, box: Sandbox, index: int, shape: list[int], tag: str,
-                 rounds: int = 1) -> Samples:
-        """One round of timing for benchmark ``index``. Inputs follow from the run's seed,
-        the shape and ``tag``: the same for every side, new for every round."""
-        seed = random.Random(f"{self.opts.seed}/benchmark/{index}/{tag}").getrandbits(62)
+    def _samples(self, box: Sandbox, shape: list[int], rounds: int = 1,
+                 keep: bool = False) -> Samples:
+        """One round of timing of one shape; the worker draws the inputs from secret seeds
+        (see kbench.worker.serve) and, with ``keep``, holds some outputs for _verify."""
         stage = f"benchmark {shape_text(shape)}"
-        answer = self._call(box, {"op": "time", "shape": shape, "seed": seed,
+        answer = self._call(box, {"op": "time", "shape": shape, "keep": keep,
                                   "dtype": self.task.benchmark_dtype,
                                   "timing": self._timing(rounds)},
                             self.task.limits.benchmark_s, stage)
@@ -427,8 +637,9 @@ class Grader:
             raise _Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: {exc}")) from None
 
     def _unfit(self, shape: list[int]) -> str | None:
-        """Why a benchmark shape cannot run here (input, output and one temporary must fit)."""
-        need = 3 * math.prod(shape) * self._itemsize
+        """Why a benchmark shape cannot run here: an input, an output being made and two kept
+        for verification must fit."""
+        need = 4 * math.prod(shape) * self._itemsize
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
             free, where = torch.cuda.mem_get_info(self.device)[0], "on the device"
@@ -493,13 +704,13 @@ class _ReferenceWorker:
             self.box.close()
             self.box = None
 
-    def samples(self, index: int, shape: list[int], tag: str, rounds: int = 1) -> Samples | None:
+    def samples(self, index: int, shape: list[int], rounds: int = 1) -> Samples | None:
         """One round at benchmark ``index``; None if the reference cannot be timed."""
         g = self.grader
         if g._skips[index] is not None:
             return None
         try:
-            return g._samples(self._open(), index, shape, tag, rounds)
+            return g._samples(self._open(), shape, rounds)
         except _Stop as stop:
             self.failure = stop.verdict.reason
             self._close()

@@ -12,13 +12,17 @@ import statistics
 from kbench import stats
 from kbench.results import Benchmark, Measurement, SubmissionResult
 
-_LISTS = ("ms", "after_ms", "host_ms", "sm_mhz", "mem_mhz", "slowed")
+_LISTS = ("ms", "after_ms", "idle_ms", "host_ms", "sm_mhz", "mem_mhz", "slowed")
 # Work a call leaves on other streams is charged to it when the device typically (median over
-# samples) stays busy after the call's stream is done, beyond what an empty call sees in the
-# same process, for longer than this and longer than this share of the call: below that it
-# is indistinguishable from the host's synchronisation jitter.
-SIDE_WORK_MS = 0.02
+# samples) stays busy after the call's stream is done, beyond what a probe with no side work
+# sees right after the call, for longer than this and longer than this share of the call:
+# below that it is indistinguishable from the host's synchronisation jitter.
+SIDE_WORK_MS = 0.03
 SIDE_WORK_SHARE = 0.1
+# Charged side work this large is not jitter but a call that returns before its output is
+# ready (the grader flags it); the margin keeps honest calls clear of the host's wake-up noise.
+UNORDERED_MS = 0.05
+UNORDERED_SHARE = 0.25
 
 
 class BadSamples(ValueError):
@@ -35,8 +39,8 @@ def check(samples: object) -> dict:
         raise BadSamples("the worker sent no valid timings")
     if any(len(samples[k]) != len(ms) for k in _LISTS):
         raise BadSamples("the worker's sample lists differ in length")
-    if not all(type(v) is float and math.isfinite(v) for k in ("after_ms", "host_ms")
-               for v in samples[k]) or not _number(samples.get("after_idle_ms")):
+    if not all(type(v) is float and math.isfinite(v)
+               for k in ("after_ms", "idle_ms", "host_ms") for v in samples[k]):
         raise BadSamples("the worker sent invalid device-busy or host times")
     return samples
 
@@ -47,7 +51,7 @@ def summarise(rounds: list[dict], nbytes: int | None) -> Measurement:
     ``nbytes`` is the traffic one call must move at least (for GB/s); None for no GB/s.
     """
     ms = [v for r in rounds for v in r["ms"]]
-    after = [v - r["after_idle_ms"] for r in rounds for v in r["after_ms"]]
+    after = [a - i for r in rounds for a, i in zip(r["after_ms"], r["idle_ms"], strict=True)]
     side = statistics.median(after)
     charged = side > max(SIDE_WORK_MS, SIDE_WORK_SHARE * statistics.median(ms))
     if charged:
@@ -63,11 +67,19 @@ def summarise(rounds: list[dict], nbytes: int | None) -> Measurement:
         mem_mhz=_median([v for r in rounds for v in r["mem_mhz"]]),
         max_sm_mhz=max_sm[0] if max_sm else None,
         slowed=sum(1 for r in rounds for v in r["slowed"] if v is True),
-        l2_reset=all(r.get("persisting_l2_reset") is not False for r in rounds))
+        l2_reset=all(r.get("persisting_l2_reset") is not False for r in rounds),
+        exclusive_hold=_all_true([r.get("exclusive_hold") for r in rounds]))
 
 
 def _number(value: object) -> bool:
     return type(value) in (int, float) and math.isfinite(value)
+
+
+def _all_true(flags: list) -> bool | None:
+    """True if every flag is True, False if one is False, None if none was recorded."""
+    if any(f is False for f in flags):
+        return False
+    return True if any(f is True for f in flags) else None
 
 
 def _median(values: list) -> float | None:

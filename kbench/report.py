@@ -18,11 +18,12 @@ _CLOCK = {
     "cpu": "wall clock around each call",
 }
 _MODE = {
-    ("eager", "cuda"): "eager: one call per sample, queued behind a short spin kernel so the "
-                       "interval is the device's time for the call (kernel launch gaps "
-                       "included, the host's Python dispatch not: results.json has it as "
-                       "host_ms)",
-    ("eager", "cpu"): "eager: one call per sample",
+    ("eager", "cuda"): "eager: one call per sample, queued behind a short spin kernel that "
+                       "fills every SM, so the interval is the device's time for the call "
+                       "(kernel launch gaps included, the host's Python dispatch not: "
+                       "results.json has it as host_ms); calls rotate over input sets and "
+                       "outputs >= 3x L2",
+    ("eager", "cpu"): "eager: one call per sample; calls rotate over input sets and outputs",
     ("graph", "cuda"): "graph: each sample replays a CUDA graph of many calls on rotating "
                        "inputs (>= 3x L2) and is divided by the calls; host launch overhead "
                        "excluded",
@@ -112,6 +113,12 @@ def leaderboard(run: RunResult) -> str:
     if any(b.reference is not None and not b.reference.l2_reset for b in run.reference):
         lines.append("- note: persisting L2 lines could not be reset before samples (no CUDA "
                      "runtime library found by name); the L2 flush still ran")
+    if any(b.reference is not None and b.reference.exclusive_hold is False
+           for b in run.reference):
+        lines.append("- note: the hold kernel that fills every SM could not be loaded (CUDA "
+                     "driver API); a one-thread spin stood in, so work on a stream that does "
+                     "not wait for the caller's could run before the start event (kbench's "
+                     "own clock still bounds it)")
     lines += [f"- note: {note}" for note in run.notes]
 
     def shape_name(b: Benchmark) -> str:

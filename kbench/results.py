@@ -28,6 +28,8 @@ class Measurement:
     max_sm_mhz: int | None = None
     slowed: int = 0  # samples read while NVML reported a slowdown (power, thermal)
     l2_reset: bool = True  # persisting L2 lines were reset before every sample (CUDA)
+    exclusive_hold: bool | None = None  # CUDA: the hold filled every SM (kbench.worker.timing)
+    trusted_ms: float | None = None  # per call on the trusted side's clock (kbench.grader)
 
 
 @dataclass

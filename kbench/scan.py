@@ -23,12 +23,14 @@ _LABELS = {
         r"\b(F|functional)\.\w*norm\w*\b|\btorch\.(linalg|norm|matmul|einsum|cdist)\b|"
         r"\b(at|torch)::(norm|linalg_\w+|matmul|mm|bmm|sum|div)\b|cublas|cudnn"),
     "try-except": re.compile(r"^\s*(try\s*:|except\b)|\bcatch\s*\(", re.MULTILINE),
-    "streams": re.compile(r"cuda\.Stream\b|cuda\.stream\(|cudaStream_t|cudaStreamCreate|"
-                          r"getStreamFromPool"),
+    # Streams other than the caller's (launching on getCurrentCUDAStream() is the norm).
+    "streams": re.compile(r"cuda\.Stream\b|cuda\.stream\(|cudaStreamCreate|getStreamFromPool|"
+                          r"setCurrentCUDAStream|CUDAStreamGuard"),
     "threads": re.compile(r"\bthreading\b|\bThread\(|\bmultiprocessing\b|concurrent\.futures|"
                           r"std::thread|\bos\.fork\b"),
     "introspection": re.compile(r"^\s*import\s+(gc|inspect)\b|\bgc\.|\binspect\.|sys\._getframe|"
-                                r"\bf_back\b|\bf_globals\b|__globals__", re.MULTILINE),
+                                r"\bf_back\b|\bf_globals\b|__globals__|\bsys\.modules\b|"
+                                r"\bkbench\b|/proc/", re.MULTILINE),
 }
 
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kbench.guard import Presence
 from kbench.results import Benchmark, RunResult, SubmissionResult
 from kbench.verdict import Status
 
@@ -80,6 +81,7 @@ class Store:
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / FILENAME
         self._check_is_ours()
+        self.presence = Presence(folder)  # other kbench processes see this one (kbench.guard)
         self.db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_MS / 1000,
                                   isolation_level=None)
         try:
@@ -118,7 +120,9 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[None]:
-        """One transaction that takes the write lock up front (waits up to the busy timeout)."""
+        """One transaction that takes the write lock up front (waits up to the busy timeout).
+        Once committed, the write-ahead log is emptied where no reader holds it, so that what
+        is committed lives in the store's file, which kbench.guard watches and can restore."""
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -126,9 +130,11 @@ class Store:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def close(self) -> None:
         self.db.close()
+        self.presence.close()
 
     # -- runs --------------------------------------------------------------------------------
 

@@ -43,21 +43,28 @@ def test_gpu_faults_then_a_correct_kernel(tmp_path, cache_dir):
     assert subs["l2norm_illegal_address"]["status"] == "cuda_error", subs["l2norm_illegal_address"]
     assert "illegal memory access" in subs["l2norm_illegal_address"]["reason"]
     assert subs["l2norm_kernel_hang"]["status"] == "timeout"
+    assert subs["l2norm_empty_output"]["status"] == "wrong_output"
+    assert subs["l2norm_gpu_oom"]["status"] == "out_of_memory", subs["l2norm_gpu_oom"]["reason"]
     assert subs["l2norm_v3"]["status"] == "ok", subs["l2norm_v3"]["reason"]
 
 
-def test_work_left_on_a_side_stream_is_charged(tmp_path, cache_dir):
+def test_work_left_on_a_side_stream_is_charged_and_flagged(tmp_path, cache_dir):
     task = quick_task(tmp_path, **{"benchmarks.cuda": [[4096, 4096], [8192, 8192]],
                                    "timing.budget_ms": 1000, "limits.host_memory_gib": 16})
     code, results = grade([str(FIXTURES / "gpu_timing"), "--task", str(task)],
                           tmp_path / "out", cache_dir)
     subs = by_name(results)
-    side, twin = subs["l2norm_side_stream"], subs["l2norm_honest_twin"]
-    assert code == 0 and side["status"] == twin["status"] == "ok", side["reason"]
-    for mine, honest in zip(side["benchmarks"], twin["benchmarks"], strict=True):
-        assert mine["candidate"]["side_work_ms"] > 0.5 * honest["candidate"]["ms"]
-        assert mine["candidate"]["ms"] >= 0.9 * honest["candidate"]["ms"]
-    assert side["speedup"] <= 1.1 * twin["speedup"]
+    twin = subs["l2norm_honest_twin"]
+    assert all(b["candidate"]["side_work_ms"] is None for b in twin["benchmarks"]), twin
+    for name in ("l2norm_side_stream", "l2norm_hidden_in_hold"):
+        side = subs[name]
+        assert code == 0 and twin["status"] == "ok" and side["status"] == "flagged", side
+        assert "work left on other streams" in side["reason"]
+        mine, honest = side["benchmarks"][0]["candidate"], twin["benchmarks"][0]["candidate"]
+        assert mine["exclusive_hold"] is True  # so the work could not finish inside the hold
+        # Charged: most of the twin's time (on an H200 at 4096x4096, 0.104 ms of the twin's
+        # 0.118 ms: the charge leaves out the host's wake-up, measured by a probe per sample).
+        assert mine["side_work_ms"] > 0.5 * honest["ms"] and mine["ms"] >= 0.8 * honest["ms"]
     assert "work left on other streams" in (tmp_path / "out" / "leaderboard.md").read_text()
 
 
@@ -70,3 +77,20 @@ def test_graph_timing_mode(tmp_path, cache_dir):
     for sub in results["submissions"]:
         assert sub["status"] == "ok" and sub["speedup"] > 0, sub["reason"]
     assert "CUDA graph" in (tmp_path / "out" / "leaderboard.md").read_text()
+
+
+def test_patched_and_tampered_clocks(tmp_path, cache_dir):
+    task = quick_task(tmp_path, **{"benchmarks.cuda": [[8192, 8192]], "timing.budget_ms": 1000,
+                                   "limits.host_memory_gib": 16})
+    code, results = grade([str(FIXTURES / "cpu" / "l2norm_patches_timer.py"),
+                           str(FIXTURES / "cpu_timing" / "l2norm_tampers_stopwatch.py"),
+                           str(FIXTURES / "cpu" / "l2norm_torch_ok.py"),
+                           "--task", str(task)], tmp_path / "out", cache_dir)
+    subs = by_name(results)
+    patched, forged, twin = (subs[n] for n in ("l2norm_patches_timer", "l2norm_tampers_stopwatch",
+                                               "l2norm_torch_ok"))
+    assert code == 0 and patched["status"] == twin["status"] == "ok", patched["reason"]
+    assert patched["speedup"] <= 1.1 * twin["speedup"]
+    assert forged["status"] == "flagged", forged["reason"]
+    honest = twin["benchmarks"][0]["candidate"]
+    assert honest["trusted_ms"] <= 1.15 * honest["ms"] + honest["host_ms"] + 0.1

@@ -28,7 +28,15 @@ EXPECTED = {
     "l2norm_scribbles_input": "flagged",
     "l2norm_late_write": "flagged",
     "l2norm_channel_garbage": "runtime_error",
+    "l2norm_replay_after_calls": "wrong_output",
+    "l2norm_repeat_differs": "flagged",
+    "l2norm_writes_store": "flagged",
+    "l2norm_writes_cache": "flagged",
+    "l2norm_patches_timer": "ok",
+    "l2norm_slows_reference": "ok",
 }
+# Tricks that stay correct, with the honest submission doing the same math: never faster.
+TWINS = {"l2norm_patches_timer": "l2norm_torch_ok", "l2norm_slows_reference": "l2norm_torch_ok"}
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +84,27 @@ def test_reasons_say_what_happened(run):
     assert "changed its input" in subs["l2norm_scribbles_input"]["reason"]
     assert "output changed after it was returned" in subs["l2norm_late_write"]["reason"]
     assert "answer kbench does not accept" in subs["l2norm_channel_garbage"]["reason"]
+    assert "wrong output" in subs["l2norm_replay_after_calls"]["reason"]
+    assert "the same input twice gave different outputs" in subs["l2norm_repeat_differs"]["reason"]
+    store = subs["l2norm_writes_store"]["reason"]
+    assert "while graded, wrote to files kbench owns" in store and "kbench.sqlite3" in store
+    assert "(changed, restored)" in store
+    cache = subs["l2norm_writes_cache"]["reason"]
+    assert "while building" in cache and "planted_by_a_submission.so (new," in cache
+
+
+def test_a_submission_that_wrote_kbench_s_files_cost_nothing_else(run, cache_dir):
+    _, results, _, _ = run
+    assert len(results["submissions"]) == len(EXPECTED)  # the store came back whole
+    assert not list(cache_dir.glob("extensions/planted_by_a_submission.so"))
+
+
+@pytest.mark.parametrize("cheat, twin", sorted(TWINS.items()))
+def test_no_trick_ranks_above_its_honest_twin(run, cheat, twin):
+    subs = by_name(run[1])
+    honest = subs[twin]
+    # CPU timing of two runs of the same math differs by noise; the tricks aimed at 2x-5x.
+    assert subs[cheat]["speedup"] <= 1.25 * honest["speedup_ci"][1], (subs[cheat], honest)
 
 
 def test_correct_submissions_are_timed_and_ranked(run):
@@ -100,7 +129,8 @@ def test_correct_submissions_are_timed_and_ranked(run):
     assert by_name(results)["l2norm_torch_ok"]["flags"] == ["no-custom-kernel", "library-compute"]
     assert by_name(results)["l2norm_cpp_ok"]["flags"] == []
     board = (out / "leaderboard.md").read_text()
-    assert "timing eager: one call per sample; wall clock" in board and "spin kernel" not in board
+    assert "timing eager: one call per sample; calls rotate over input sets and outputs; " \
+        "wall clock" in board and "spin kernel" not in board
     ranked, not_ranked = board.split("## Not ranked")
     assert "l2norm_cpp_ok" in ranked and "l2norm_torch_ok" in ranked
     assert "l2norm_segfault" in not_ranked and "l2norm_segfault" not in ranked
@@ -150,7 +180,22 @@ def test_torch_compile_of_the_reference_is_a_second_baseline(tmp_path, cache_dir
     assert "vs compile" in (tmp_path / "out" / "leaderboard.md").read_text()
 
 
-def test_faster_than_memory_allows_is_flagged(tmp_path, cache_dir):
+def test_forged_in_process_times_disagree_with_kbench_s_own_clock(tmp_path, cache_dir):
+    # 32 MiB per tensor, so a call takes milliseconds: a third of it is far beyond the slack.
+    task = quick_task(tmp_path, **{"benchmarks.cpu": [[2048, 4096]]})
+    code, results = grade([str(FIXTURES / "cpu_timing" / "l2norm_tampers_stopwatch.py"),
+                           str(FIXTURES / "cpu" / "l2norm_torch_ok.py"), "--task", str(task),
+                           "--device", "cpu"], tmp_path / "out", cache_dir)
+    subs = by_name(results)
+    forged, honest = subs["l2norm_tampers_stopwatch"], subs["l2norm_torch_ok"]
+    assert code == 0 and forged["status"] == "flagged", forged["reason"]
+    assert "kbench's own clock" in forged["reason"]
+    assert honest["status"] == "ok", honest["reason"]
+    mine = honest["benchmarks"][0]["candidate"]
+    assert 0 < mine["trusted_ms"] <= 1.5 * mine["ms"] + 1.0
+
+
+def test_outputs_of_timed_calls_are_checked(tmp_path, cache_dir):
     # 32 MiB per tensor: an honest call reads and writes it; the lazy one returns at once.
     task = quick_task(tmp_path, **{"benchmarks.cpu": [[2048, 4096]]})
     code, results = grade([str(FIXTURES / "cpu_timing" / "l2norm_lazy_when_timed.py"),
@@ -158,6 +203,7 @@ def test_faster_than_memory_allows_is_flagged(tmp_path, cache_dir):
                            "--device", "cpu"], tmp_path / "out", cache_dir)
     subs = by_name(results)
     lazy, honest = subs["l2norm_lazy_when_timed"], subs["l2norm_torch_ok"]
-    assert code == 0 and lazy["status"] == "flagged", lazy["reason"]
-    assert "the copy bandwidth measured in this run" in lazy["reason"]
+    assert code == 0 and lazy["status"] == "wrong_output", lazy["reason"]
+    assert "benchmark 2048x4096: timed call" in lazy["reason"]
+    assert lazy["cases_passed"] == lazy["cases_total"]  # right whenever it was not timed
     assert honest["status"] == "ok" and honest["speedup"] > 0

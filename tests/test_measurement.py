@@ -11,7 +11,7 @@ def worker_samples(ms: list[float], **extra) -> dict:
     n = len(ms)
     return {"ms": ms, "after_ms": [0.0] * n, "host_ms": [0.001] * n, "sm_mhz": [1980] * n,
             "mem_mhz": [3201] * n, "slowed": [False] * n, "max_sm_mhz": 1980,
-            "after_idle_ms": 0.0, **extra}
+            "idle_ms": [0.0] * n, **extra}
 
 
 def noisy(rng: random.Random, centre: float, n: int = 200, spread: float = 0.01) -> list[float]:
@@ -52,8 +52,12 @@ def test_work_left_on_other_streams_is_charged_but_jitter_is_not():
                                                   0.0])
     m = measurement.summarise([jitter], None)
     assert m.side_work_ms is None and m.ms == pytest.approx(0.010)  # two late syncs: jitter
-    offset = worker_samples([0.010] * 9, after_ms=[0.031] * 9, after_idle_ms=0.03)
+    offset = worker_samples([0.010] * 9, after_ms=[0.031] * 9, idle_ms=[0.03] * 9)
     assert measurement.summarise([offset], None).side_work_ms is None  # this process's syncs
+    # Syncs that got slower mid-run (the allocator mapping memory): each sample has its probe.
+    moving = worker_samples([0.010] * 9, after_ms=[0.015] * 4 + [0.15] * 5,
+                            idle_ms=[0.013] * 4 + [0.14] * 5)
+    assert measurement.summarise([moving], None).side_work_ms is None
     hidden = worker_samples([0.002] * 9, after_ms=[0.5] * 9)  # the work ran on another stream
     m = measurement.summarise([hidden], None)
     assert m.side_work_ms == pytest.approx(0.5) and m.ms == pytest.approx(0.502)

@@ -12,9 +12,12 @@ KERNEL = 'load_inline(name="k", cuda_sources="__global__ void k() {}")\n'
     ("try:\n    y = ext.run(x)\nexcept RuntimeError:\n    y = x", "try-except"),
     ("s = torch.cuda.Stream()", "streams"),
     ("cudaStream_t s; cudaStreamCreate(&s);", "streams"),
+    ("auto s = at::cuda::getStreamFromPool(); at::cuda::setCurrentCUDAStream(s);", "streams"),
     ("import threading\nthreading.Thread(target=f).start()", "threads"),
     ("import gc\nfor o in gc.get_objects(): pass", "introspection"),
     ("frame = sys._getframe(1).f_back", "introspection"),
+    ("t = sys.modules['kbench.worker.timing']", "introspection"),
+    ("fds = os.listdir(f'/proc/{os.getppid()}/fd')", "introspection"),
 ])
 def test_labels_name_what_reviewers_look_for(snippet, label):
     assert label in scan.flags(KERNEL + snippet)
@@ -28,4 +31,6 @@ def test_docstrings_and_comments_are_not_code():
 
 def test_plain_kernel_has_no_labels():
     assert scan.flags(KERNEL + "y = ext.run(x)") == []
+    # launching on the caller's stream, as every kernel should, is not a label
+    assert scan.flags(KERNEL + "cudaStream_t s = at::cuda::getCurrentCUDAStream();") == []
     assert scan.flags("y = x * 2") == ["no-custom-kernel"]

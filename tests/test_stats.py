@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kbench import stats
-from kbench.worker.timing import measure
+from kbench.worker.timing import measure, rotation
 
 
 def test_estimate_brackets_the_median():
@@ -49,10 +49,13 @@ def test_ratio_and_geomean_bounds():
         stats.geomean([1.0, 0.0])
 
 
+_clock = time.perf_counter  # bound here: one test patches time.perf_counter
+
+
 def spin(seconds: float):
     def call(args):
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
+        end = _clock() + seconds
+        while _clock() < end:
             pass
     return call
 
@@ -63,22 +66,23 @@ def no_inputs(i: int) -> list:
 
 def test_measure_stops_when_converged_before_the_budget():
     start = time.perf_counter()
-    samples = measure(spin(0.001), no_inputs, torch.device("cpu"), warmup_ms=5, min_samples=10,
-                      max_samples=10_000, budget_ms=20_000, target_ci=0.05)
+    samples, _ = measure(spin(0.001), no_inputs, torch.device("cpu"), warmup_ms=5,
+                         min_samples=10, max_samples=10_000, budget_ms=20_000, target_ci=0.05)
     assert time.perf_counter() - start < 10  # far inside the 20 s budget
     assert 10 <= len(samples.ms) < 10_000
     assert stats.estimate(samples.ms).median == pytest.approx(1.0, rel=0.5)  # milliseconds
-    assert len(samples.after_ms) == len(samples.sm_mhz) == len(samples.slowed) == len(samples.ms)
+    lists = (samples.after_ms, samples.idle_ms, samples.sm_mhz, samples.slowed)
+    assert all(len(v) == len(samples.ms) for v in lists)
     assert samples.sm_mhz[0] is None  # no clocks on a CPU
 
 
 def test_measure_respects_min_max_and_budget():
     cpu = torch.device("cpu")
     assert len(measure(spin(0.0005), no_inputs, cpu, warmup_ms=0, min_samples=7, max_samples=7,
-                       budget_ms=10_000, target_ci=1e-9).ms) == 7
+                       budget_ms=10_000, target_ci=1e-9)[0].ms) == 7
     start = time.perf_counter()
-    samples = measure(spin(0.002), no_inputs, cpu, warmup_ms=0, min_samples=3,
-                      max_samples=100_000, budget_ms=200, target_ci=1e-9)  # never converges
+    samples, _ = measure(spin(0.002), no_inputs, cpu, warmup_ms=0, min_samples=3,
+                         max_samples=100_000, budget_ms=200, target_ci=1e-9)  # never converges
     assert time.perf_counter() - start < 5 and len(samples.ms) >= 3
 
 
@@ -93,11 +97,42 @@ def test_every_timed_call_gets_a_fresh_input_set_made_outside_the_clock():
     def call(args):
         seen.append(int(args[0][0]))
 
-    samples = measure(call, inputs, torch.device("cpu"), warmup_ms=0, min_samples=20,
-                      max_samples=20, budget_ms=10_000, target_ci=1e-9)
+    samples, _ = measure(call, inputs, torch.device("cpu"), warmup_ms=0, min_samples=20,
+                         max_samples=20, budget_ms=10_000, target_ci=1e-9)
     timed = seen[-20:]
     assert len(set(timed)) == 20 and 0 not in timed  # never the warm-up set, never twice
     assert max(samples.ms) < 5  # the 5 ms spent making inputs is outside every sample
+
+
+def test_calls_rotate_over_buffers_and_outputs_are_kept_to_verify():
+    made, outputs = {}, {}
+
+    def inputs(i: int) -> list:
+        made[i] = torch.full((1 << 18,), float(i))  # 1 MiB a set: 96 sets rotate on a CPU
+        return [made[i]]
+
+    def call(args):
+        out = args[0] * 2
+        outputs[int(args[0][0])] = out
+        return out
+
+    samples, kept = measure(call, inputs, torch.device("cpu"), warmup_ms=0, min_samples=300,
+                            max_samples=300, budget_ms=60_000, target_ci=1e-9)
+    assert rotation(1 << 20, torch.device("cpu")) == 96
+    addresses = {made[i].data_ptr() for i in range(1, 301)}
+    assert len(addresses) >= 90  # not the one buffer a freed-and-remade set would reuse
+    assert samples.kept == sorted(kept) and 300 in kept and 299 in kept
+    assert 96 <= len(kept) <= 97  # the latest 96, and one earlier call picked at random
+    for index, (out, norm) in kept.items():
+        assert out is outputs[index] and torch.equal(out, made[index] * 2)
+        assert norm == pytest.approx(float(torch.linalg.vector_norm(out)))
+
+
+def test_the_stopwatch_ignores_a_patched_clock(monkeypatch):
+    monkeypatch.setattr(time, "perf_counter", lambda: 0.0)  # what a submission might do
+    samples, _ = measure(spin(0.001), no_inputs, torch.device("cpu"), warmup_ms=0,
+                         min_samples=5, max_samples=5, budget_ms=10_000, target_ci=1e-9)
+    assert min(samples.ms) > 0.5
 
 
 def test_graph_mode_needs_cuda():

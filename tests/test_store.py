@@ -14,6 +14,7 @@ import pytest
 from conftest import FIXTURES, ROOT, by_name, grade, quick_task
 
 from kbench import cli, report
+from kbench.guard import LOCK_NAME
 from kbench.store import FILENAME, Store
 
 SLOW = FIXTURES / "slow"
@@ -195,7 +196,7 @@ def test_report_writes_are_atomic(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         report.write(run, tmp_path)
     assert (tmp_path / "leaderboard.md").read_text() == old
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".") and p.name != LOCK_NAME]
 
 
 def test_reuse_needs_same_kbench_task_and_software(tmp_path):

@@ -5,12 +5,20 @@ private channel (a socket inherited as a file descriptor; stdout and stderr are 
 Each answer is ``{"ok": True, ...}`` or ``{"ok": False, "error": {...}}``; crashes and hangs
 are for the parent to notice.
 
-  load  {path, module_name, class_name, init_args, device, reference, instantiate, compile}
-  run   {inputs}                       -> {output, aliases_input} or {output: None, output_type}
-  time  {shape, dtype, seed, timing}   -> {samples}  (timing.Samples as a dict)
-  copy  {nbytes, timing}               -> {samples}  (the copy-bandwidth yardstick)
-  ping  {}                             -> {}  (a round trip: the previous request is over)
+  load     {path, module_name, class_name, init_args, device, reference, instantiate, compile}
+  run      {inputs}                    -> {output, aliases_input} or {output: None, output_type}
+  time     {shape, dtype, timing, keep} -> {samples}  (timing.Samples as a dict)
+  prepare  {shape, dtype, calls}       -> {calls}  (input sets for ``clocked``)
+  clocked  {empty}                     -> {calls, kept}  (the calls, over fresh input sets)
+  outputs  {calls}                     -> {outputs: [{call, seed, output, output_type, norm}]}
+  copy     {nbytes, timing}            -> {samples}  (the copy-bandwidth yardstick)
+  ping     {}                          -> {}  (a round trip: the previous request is over)
   exit
+
+Timing inputs are drawn here from seeds made with the OS's randomness at the moment each set
+is needed, never sent by the parent: the submission cannot know an input before it is made.
+``time`` (with ``keep``) and ``clocked`` keep some outputs with their seeds; ``outputs`` hands
+them to the parent, which draws the same inputs from the seeds and checks them.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import importlib
 import importlib.util
 import multiprocessing
 import os
+import secrets
 import signal
 import sys
 import traceback
@@ -29,7 +38,7 @@ from typing import Any
 import torch
 import torch.multiprocessing  # noqa: F401  (registers tensor sharing with the pickler)
 
-from kbench.worker.timing import measure
+from kbench.worker.timing import clocked, measure, rotation, set_bytes
 
 
 class Worker:
@@ -38,6 +47,9 @@ class Worker:
         self.reference: Any = None
         self.device = torch.device("cpu")
         self.last_output: Any = None  # kept alive until the parent has copied it
+        self.kept: dict[int, tuple[Any, float | None, int]] = {}  # call -> output, norm, seed
+        self.prepared: list[tuple[list, int] | None] = []  # sets for ``clocked``, with seeds
+        self.pass_plan: tuple[list, str, int] = ([], "float32", 0)  # shape, dtype, calls
 
     def load(self, path: str, module_name: str, class_name: str, init_args: list,
              device: str, reference: str, instantiate: bool, compile: bool = False) -> dict:
@@ -82,14 +94,89 @@ class Worker:
         aliases = any(isinstance(t, torch.Tensor) and _same_memory(out, t) for t in inputs)
         return {"ok": True, "output": out, "aliases_input": aliases}
 
-    def time(self, shape: list, dtype: str, seed: int, timing: dict) -> dict:
-        """Samples for one benchmark shape; input set i is drawn with seed ``seed + i``."""
+    def time(self, shape: list, dtype: str, timing: dict, keep: bool) -> dict:
+        """Samples for one benchmark shape, each call on a set drawn from a fresh secret seed."""
+        seeds: dict[int, int] = {}
+
         def inputs(i: int) -> list:
-            return self.reference.make_inputs(tuple(shape), dtype, "normal", seed + i,
-                                              self.device)
+            seeds[i] = secrets.randbits(62)
+            return self._inputs(shape, dtype, seeds[i])
 
         with torch.no_grad():
-            return self._measure(lambda args: self.model(*args), inputs, timing, "benchmark")
+            answer, kept = self._measure(lambda args: self.model(*args), inputs, timing,
+                                         "benchmark")
+        if keep:
+            self.kept = {i: (out, norm, seeds[i]) for i, (out, norm) in kept.items()}
+        return answer
+
+    def prepare(self, shape: list, dtype: str, calls: int) -> dict:
+        """Input sets for a ``clocked`` pass of ``calls`` calls (as many sets as the calls
+        rotate over, see rotation), after one untimed call on a spare set, so that the pass's
+        outputs come from the allocator's cache as timed calls' do."""
+        self.prepared, self.kept = [], {}
+        self.pass_plan = (shape, dtype, calls)
+        try:
+            with torch.no_grad():
+                self.model(*self._inputs(shape, dtype, secrets.randbits(62)))
+            self.prepared.append(self._fresh_set(shape, dtype))
+            count = rotation(set_bytes(self.prepared[0][0]), self.device)
+            self.prepared += [self._fresh_set(shape, dtype) for _ in range(min(calls, count) - 1)]
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+        except BaseException as exc:
+            self.prepared = []
+            return _error("benchmark", exc)
+        return {"ok": True, "calls": calls}
+
+    def clocked(self, empty: bool) -> dict:
+        """The prepared pass: call i takes set i modulo the sets, which gets new values from a
+        new secret seed whenever its turn comes round again, so no call sees an input twice;
+        ``empty``: the same loop, new values included, with no call."""
+        sets, (shape, dtype, calls) = self.prepared, self.pass_plan
+        seeds: dict[int, int] = {}
+
+        def inputs(i: int) -> list:
+            slot = i % len(sets)
+            if i >= len(sets):
+                sets[slot] = None  # freed first: the new set takes its memory
+                sets[slot] = self._fresh_set(shape, dtype)
+            seeds[i] = sets[slot][1]
+            return sets[slot][0]
+
+        call = (lambda args: None) if empty else (lambda args: self.model(*args))
+        try:
+            with torch.no_grad():
+                kept = clocked(call, inputs, calls, self.device)
+        except BaseException as exc:
+            return _error("benchmark", exc)
+        if empty:
+            return {"ok": True, "calls": calls, "kept": []}
+        self.prepared = []
+        self.kept = {i: (out, norm, seeds[i]) for i, (out, norm) in kept.items()}
+        return {"ok": True, "calls": calls, "kept": sorted(kept)}
+
+    def outputs(self, calls: list) -> dict:
+        """The kept outputs of ``calls`` (shared with the parent, alive until the next
+        request); every other kept output is dropped."""
+        kept, self.kept = self.kept, {}
+        sent = []
+        for call in calls:
+            if call not in kept:
+                continue
+            out, norm, seed = kept[call]
+            kind = type(out)
+            tensor = out if kind is torch.Tensor else None
+            sent.append({"call": call, "seed": seed, "output": tensor, "norm": norm,
+                         "output_type": f"{kind.__module__}.{kind.__qualname__}"})
+        self.last_output = sent
+        return {"ok": True, "outputs": sent}
+
+    def _inputs(self, shape: list, dtype: str, seed: int) -> list:
+        return self.reference.make_inputs(tuple(shape), dtype, "normal", seed, self.device)
+
+    def _fresh_set(self, shape: list, dtype: str) -> tuple[list, int]:
+        seed = secrets.randbits(62)
+        return self._inputs(shape, dtype, seed), seed
 
     def copy(self, nbytes: int, timing: dict) -> dict:
         buffers: list = []
@@ -101,17 +188,18 @@ class Worker:
             return buffers
 
         return self._measure(lambda args: args[1].copy_(args[0]), inputs,
-                             {**timing, "mode": "eager"}, "copy bandwidth")
+                             {**timing, "mode": "eager"}, "copy bandwidth")[0]
 
     def ping(self) -> dict:
         return {"ok": True}
 
-    def _measure(self, call, inputs, timing: dict, stage: str) -> dict:
-        self.last_output = None
+    def _measure(self, call, inputs, timing: dict, stage: str) -> tuple[dict, dict]:
+        self.last_output, self.kept = None, {}
         try:
-            return {"ok": True, "samples": measure(call, inputs, self.device, **timing).to_dict()}
+            samples, kept = measure(call, inputs, self.device, **timing)
+            return {"ok": True, "samples": samples.to_dict()}, kept
         except BaseException as exc:
-            return _error(stage, exc)
+            return _error(stage, exc), {}
         finally:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -1,0 +1,158 @@
+"""Files the trusted side owns, watched while a submission's code runs.
+
+A submission runs as the same user as kbench, so it can write what kbench wrote: the results
+store and reports, the build cache, the task and reference, kbench's own code (which every new
+worker imports). Before its process starts, ``Guard.snapshot`` records every watched file's
+identity (inode, size, modification and change times: the change time moves on any write and
+cannot be set back by an unprivileged process) and keeps the bytes of the small ones; after the
+process has ended, ``Guard.repair`` compares. Nothing else writes those files meanwhile, so any
+difference is the submission's doing: changed or deleted files are restored from the kept
+bytes, new files are removed, and a changed build folder in the cache is deleted (it is rebuilt
+when next needed). This detects and repairs; it does not prevent (see docs/security.md).
+
+Other kbench processes may legitimately write the output folder and the build cache at the same
+time (several graders on one folder, ``kbench report``): each holds a ``Presence`` there, and
+those ``shared`` folders are compared only when this process was alone in them at the snapshot
+and at the repair. SQLite's own side files (``-wal``, ``-shm``) are not watched: any reader
+writes them, and the store empties its write-ahead log after every commit (kbench.store).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+_KEEP_BYTES = 64 << 20  # restorable files are kept in memory up to this size each
+_VOLATILE = ("-wal", "-shm")  # SQLite's side files in WAL mode: readers write them too
+LOCK_NAME = ".kbench-presence"
+
+
+class Presence:
+    """This process's mark in a folder other kbench processes may use too: a POSIX read lock
+    on a file there, which the kernel drops when the process ends (even on kill -9) and which
+    no child inherits."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fcntl.lockf(self._fd, fcntl.LOCK_SH)
+
+    def alone(self) -> bool:
+        """No other process holds a mark here (POSIX locks are per process, so this one's own
+        read lock can be upgraded exactly when nobody else holds one)."""
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        fcntl.lockf(self._fd, fcntl.LOCK_SH)
+        return True
+
+    def close(self) -> None:
+        os.close(self._fd)  # releases the lock
+
+
+@dataclass(frozen=True)
+class _Seen:
+    identity: tuple[int, int, int, int]
+    data: bytes | None  # None: not kept (too large, or in the cache)
+
+
+@dataclass(frozen=True)
+class Guard:
+    """``restorable``: files and folders whose files are kept and restored; ``cache``: folders
+    of build folders (one level down), deleted whole when anything in them changes;
+    ``shared``: those of them that other kbench processes may write too (see Presence)."""
+
+    restorable: tuple[Path, ...]
+    cache: tuple[Path, ...] = ()
+    shared: tuple[Path, ...] = ()
+
+    def snapshot(self, ignore: Iterable[Path] = (), shared: bool = True) -> dict[Path, _Seen]:
+        """Every watched file, except those under ``ignore`` (what kbench itself will write
+        meanwhile: logs, the submission's own build folder) and, unless ``shared``, those in
+        the shared folders."""
+        skip = self._skipped(ignore, shared)
+        seen: dict[Path, _Seen] = {}
+        for root, keep in [(r, True) for r in self.restorable] + [(c, False) for c in self.cache]:
+            for path in _files(Path(root).resolve()):
+                if _under(path, skip) or path.name.endswith(_VOLATILE) or path.name == LOCK_NAME:
+                    continue
+                try:
+                    identity = _identity(path)
+                    data = path.read_bytes() if keep and identity[1] <= _KEEP_BYTES else None
+                except OSError:
+                    continue
+                seen[path] = _Seen(identity, data)
+        return seen
+
+    def repair(self, before: dict[Path, _Seen], ignore: Iterable[Path] = (),
+               shared: bool = True) -> list[str]:
+        """What changed since ``before`` (taken with the same ``ignore`` and ``shared``), one
+        line per file saying what was done about it, after putting it right; an empty list
+        when nothing did."""
+        after = self.snapshot(ignore, shared)
+        skip = self._skipped(ignore, shared)
+        before = {path: seen for path, seen in before.items() if not _under(path, skip)}
+        lines = []
+        for path in sorted(set(before) | set(after)):
+            old, new = before.get(path), after.get(path)
+            if old is not None and new is not None and old.identity == new.identity:
+                continue
+            what = "new" if old is None else "deleted" if new is None else "changed"
+            lines.append(f"{path} ({what}, {self._undo(path, old)})")
+        return lines
+
+    def _skipped(self, ignore: Iterable[Path], shared: bool) -> tuple[Path, ...]:
+        return tuple(Path(p).resolve() for p in (*ignore, *(() if shared else self.shared)))
+
+    def _undo(self, path: Path, old: _Seen | None) -> str:
+        folder = self._build_folder(path)
+        try:
+            if folder is not None:
+                if folder.is_dir():
+                    shutil.rmtree(folder, ignore_errors=True)
+                else:
+                    folder.unlink(missing_ok=True)
+                return "build folder deleted"
+            if old is None:
+                path.unlink(missing_ok=True)
+                return "removed"
+            if old.data is None:
+                return "too large to restore"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.kbench-restore")
+            tmp.write_bytes(old.data)
+            os.replace(tmp, path)
+            return "restored"
+        except OSError as exc:
+            return f"could not undo: {exc}"
+
+    def _build_folder(self, path: Path) -> Path | None:
+        for root in self.cache:
+            root = Path(root).resolve()
+            if root in path.parents:
+                return root / path.relative_to(root).parts[0]
+        return None
+
+
+def _under(path: Path, roots: tuple[Path, ...]) -> bool:
+    return any(path == r or r in path.parents for r in roots)
+
+
+def _files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    found = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        found += [Path(folder) / n for n in names]
+    return found
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
