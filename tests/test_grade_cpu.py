@@ -180,30 +180,21 @@ def test_torch_compile_of_the_reference_is_a_second_baseline(tmp_path, cache_dir
     assert "vs compile" in (tmp_path / "out" / "leaderboard.md").read_text()
 
 
-def test_forged_in_process_times_disagree_with_kbench_s_own_clock(tmp_path, cache_dir):
-    # 32 MiB per tensor, so a call takes milliseconds: a third of it is far beyond the slack.
+def test_timed_calls_are_checked_and_bounded_by_kbench_s_own_clock(tmp_path, cache_dir):
+    # 32 MiB per tensor, so an honest call takes milliseconds, reading and writing it.
     task = quick_task(tmp_path, **{"benchmarks.cpu": [[2048, 4096]]})
-    code, results = grade([str(FIXTURES / "cpu_timing" / "l2norm_tampers_stopwatch.py"),
+    code, results = grade([str(FIXTURES / "cpu_timing"),
                            str(FIXTURES / "cpu" / "l2norm_torch_ok.py"), "--task", str(task),
                            "--device", "cpu"], tmp_path / "out", cache_dir)
     subs = by_name(results)
-    forged, honest = subs["l2norm_tampers_stopwatch"], subs["l2norm_torch_ok"]
-    assert code == 0 and forged["status"] == "flagged", forged["reason"]
-    assert "kbench's own clock" in forged["reason"]
-    assert honest["status"] == "ok", honest["reason"]
+    forged, lazy, honest = (subs[n] for n in ("l2norm_tampers_stopwatch", "l2norm_lazy_when_timed",
+                                              "l2norm_torch_ok"))
+    assert code == 0 and honest["status"] == "ok" and honest["speedup"] > 0, honest["reason"]
+    # Its stopwatch reads a third of the truth: far beyond the slack of kbench's own clock.
+    assert forged["status"] == "flagged" and "kbench's own clock" in forged["reason"], forged
     mine = honest["benchmarks"][0]["candidate"]
     assert 0 < mine["trusted_ms"] <= 1.5 * mine["ms"] + 1.0
-
-
-def test_outputs_of_timed_calls_are_checked(tmp_path, cache_dir):
-    # 32 MiB per tensor: an honest call reads and writes it; the lazy one returns at once.
-    task = quick_task(tmp_path, **{"benchmarks.cpu": [[2048, 4096]]})
-    code, results = grade([str(FIXTURES / "cpu_timing" / "l2norm_lazy_when_timed.py"),
-                           str(FIXTURES / "cpu" / "l2norm_torch_ok.py"), "--task", str(task),
-                           "--device", "cpu"], tmp_path / "out", cache_dir)
-    subs = by_name(results)
-    lazy, honest = subs["l2norm_lazy_when_timed"], subs["l2norm_torch_ok"]
-    assert code == 0 and lazy["status"] == "wrong_output", lazy["reason"]
+    # Right whenever it was not timed; returns at once (uninitialised memory) when timed.
+    assert lazy["status"] == "wrong_output", lazy["reason"]
     assert "benchmark 2048x4096: timed call" in lazy["reason"]
-    assert lazy["cases_passed"] == lazy["cases_total"]  # right whenever it was not timed
-    assert honest["status"] == "ok" and honest["speedup"] > 0
+    assert lazy["cases_passed"] == lazy["cases_total"]
