@@ -18,10 +18,8 @@ Needs a CUDA GPU; the torch.compile baseline is left out of the repeated grades 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -34,8 +32,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from l2norm_dev import load  # noqa: E402  (bench/, beside this file: kbench's build folder)
+
 from kbench import stats  # noqa: E402
-from kbench.build import build_dir, find_toolchain  # noqa: E402
 from kbench.reference.l2norm import Model, make_inputs  # noqa: E402
 from kbench.task import load_task  # noqa: E402
 from kbench.worker.timing import measure  # noqa: E402
@@ -128,20 +127,6 @@ def repeat_table(results: list[dict]) -> tuple[dict, str]:
 
 # -- agree -------------------------------------------------------------------------------------
 
-def load_v3() -> type:
-    """l2norm_v3's ModelNew, built in kbench's content-addressed build folder."""
-    path = ROOT / "kbench" / "submissions" / "l2norm_v3.py"
-    toolchain = find_toolchain()
-    folder = build_dir(Path(os.environ.get("KBENCH_CACHE_DIR", Path.home() / ".cache/kbench")),
-                       path, toolchain)
-    folder.mkdir(parents=True, exist_ok=True)
-    os.environ.update(toolchain.env(), TORCH_EXTENSIONS_DIR=str(folder))
-    spec = importlib.util.spec_from_file_location("l2norm_v3", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.ModelNew
-
-
 def profiled_ms(model, x: torch.Tensor, calls: int) -> float:
     """Mean GPU time per call of ``model(x)``'s own kernels, from torch.profiler (CUPTI),
     with the L2 flushed before each call as kbench does."""
@@ -178,7 +163,7 @@ def kbench_ms(model, shape: tuple[int, int], flush: bool = True) -> stats.Estima
 
 def agree() -> tuple[dict, str]:
     shapes = load_task("l2norm").benchmarks["cuda"]
-    models = {"reference": Model().cuda(), "l2norm_v3": load_v3()().cuda()}
+    models = {"reference": Model().cuda(), "l2norm_v3": load("l2norm_v3").ModelNew().cuda()}
     rows, data = [], []
     for name, model in models.items():
         for shape in shapes:

@@ -149,7 +149,8 @@ class Grader:
         self.guard = Guard(restorable=(options.out_dir, task.path, Path(self.reference.__file__),
                                        *code),
                            cache=(cache,), shared=(options.out_dir, cache))
-        self._presences = [Presence(options.cache_dir)]  # and the store's (see grade)
+        self._cache_presence = Presence(options.cache_dir)
+        self._presences = [self._cache_presence]  # and the store's (see grade)
         self.unwatched = 0  # submissions whose writes to the shared folders went unchecked
 
     # -- the run ---------------------------------------------------------------------------
@@ -159,7 +160,7 @@ class Grader:
               on_result: Callable[[SubmissionResult], None] = lambda r: None) -> int:
         """Grade into ``store``: a new run, or the rest of ``run_id``. Each result is stored the
         moment it is known. Returns the run's id."""
-        self._presences.append(store.presence)
+        self._presences = [self._cache_presence, store.presence]
         env = environment.describe(self.device.type, self.toolchain)
         fingerprint = environment.fingerprint(env)
         if run_id is None:
@@ -332,9 +333,9 @@ class Grader:
         at random, is sent twice: the second output must match the first (determinism).
         Returns the last output for a final look (see _recheck)."""
         last, first_again = None, None
-        again = _random.choice(self.cases) if self.cases else None
-        for case in self.cases + ([again] if again else []):
-            repeat = case is again and first_again is not None
+        again = [_random.choice(self.cases)] if self.cases else []
+        for index, case in enumerate(self.cases + again):
+            repeat = index == len(self.cases)
             inputs = self.reference.make_inputs(case.shape, case.dtype, case.distribution,
                                                 case.seed, self.device)
             sent = [t.clone() for t in inputs]  # shared with the worker: its writes show here
@@ -371,7 +372,7 @@ class Grader:
             if repeat:
                 self._same_twice(sub, case, first_again, out)
             last = _Returned(shared, out, case) if type(shared) is torch.Tensor else None
-            if case is again and first_again is None:
+            if again and case is again[0] and not repeat:
                 first_again = out
             if result is not None and not repeat:
                 result.cases_passed += 1
@@ -486,10 +487,9 @@ class Grader:
         back to back on fresh input sets (see Worker.clocked), each call followed by a
         device-wide synchronisation, no hold, no flush, as one request whose round trip is
         timed here, less that of the same pass with no call in it. The best pass's time per
-        call must be
-        explained by the submission's median plus its host dispatch time; work hidden from
-        the stopwatch, or a stopwatch tampered with in the worker, shows up as the
-        difference: flagged. The passes' outputs are verified too. Eager mode only: a graph
+        call must be explained by the submission's median plus its host dispatch time; work
+        hidden from the stopwatch, or a stopwatch tampered with in the worker, shows up as
+        the difference: flagged. The passes' outputs are verified too. Eager mode only: a graph
         replay's figures leave out the per-call dispatch that such a pass includes."""
         if self.opts.timing != "eager":
             return

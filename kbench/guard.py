@@ -75,27 +75,15 @@ class Guard:
         """Every watched file, except those under ``ignore`` (what kbench itself will write
         meanwhile: logs, the submission's own build folder) and, unless ``shared``, those in
         the shared folders."""
-        skip = self._skipped(ignore, shared)
-        seen: dict[Path, _Seen] = {}
-        for root, keep in [(r, True) for r in self.restorable] + [(c, False) for c in self.cache]:
-            for path in _files(Path(root).resolve()):
-                if _under(path, skip) or path.name.endswith(_VOLATILE) or path.name == LOCK_NAME:
-                    continue
-                try:
-                    identity = _identity(path)
-                    data = path.read_bytes() if keep and identity[1] <= _KEEP_BYTES else None
-                except OSError:
-                    continue
-                seen[path] = _Seen(identity, data)
-        return seen
+        return self._scan(self._skipped(ignore, shared), keep_bytes=True)
 
     def repair(self, before: dict[Path, _Seen], ignore: Iterable[Path] = (),
                shared: bool = True) -> list[str]:
         """What changed since ``before`` (taken with the same ``ignore`` and ``shared``), one
         line per file saying what was done about it, after putting it right; an empty list
         when nothing did."""
-        after = self.snapshot(ignore, shared)
         skip = self._skipped(ignore, shared)
+        after = self._scan(skip, keep_bytes=False)
         before = {path: seen for path, seen in before.items() if not _under(path, skip)}
         lines = []
         for path in sorted(set(before) | set(after)):
@@ -105,6 +93,20 @@ class Guard:
             what = "new" if old is None else "deleted" if new is None else "changed"
             lines.append(f"{path} ({what}, {self._undo(path, old)})")
         return lines
+
+    def _scan(self, skip: tuple[Path, ...], keep_bytes: bool) -> dict[Path, _Seen]:
+        seen: dict[Path, _Seen] = {}
+        for root, keep in [(r, True) for r in self.restorable] + [(c, False) for c in self.cache]:
+            for path in _files(Path(root).resolve()):
+                if _under(path, skip) or path.name.endswith(_VOLATILE) or path.name == LOCK_NAME:
+                    continue
+                try:
+                    identity = _identity(path)
+                    keep_these = keep and keep_bytes and identity[1] <= _KEEP_BYTES
+                    seen[path] = _Seen(identity, path.read_bytes() if keep_these else None)
+                except OSError:
+                    continue
+        return seen
 
     def _skipped(self, ignore: Iterable[Path], shared: bool) -> tuple[Path, ...]:
         return tuple(Path(p).resolve() for p in (*ignore, *(() if shared else self.shared)))

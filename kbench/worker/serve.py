@@ -99,8 +99,8 @@ class Worker:
         seeds: dict[int, int] = {}
 
         def inputs(i: int) -> list:
-            seeds[i] = secrets.randbits(62)
-            return self._inputs(shape, dtype, seeds[i])
+            args, seeds[i] = self._fresh_set(shape, dtype)
+            return args
 
         with torch.no_grad():
             answer, kept = self._measure(lambda args: self.model(*args), inputs, timing,
@@ -117,7 +117,7 @@ class Worker:
         self.pass_plan = (shape, dtype, calls)
         try:
             with torch.no_grad():
-                self.model(*self._inputs(shape, dtype, secrets.randbits(62)))
+                self.model(*self._fresh_set(shape, dtype)[0])
             self.prepared.append(self._fresh_set(shape, dtype))
             count = rotation(set_bytes(self.prepared[0][0]), self.device)
             self.prepared += [self._fresh_set(shape, dtype) for _ in range(min(calls, count) - 1)]
@@ -171,12 +171,10 @@ class Worker:
         self.last_output = sent
         return {"ok": True, "outputs": sent}
 
-    def _inputs(self, shape: list, dtype: str, seed: int) -> list:
-        return self.reference.make_inputs(tuple(shape), dtype, "normal", seed, self.device)
-
     def _fresh_set(self, shape: list, dtype: str) -> tuple[list, int]:
+        """An input set drawn from a new secret seed, and the seed."""
         seed = secrets.randbits(62)
-        return self._inputs(shape, dtype, seed), seed
+        return self.reference.make_inputs(tuple(shape), dtype, "normal", seed, self.device), seed
 
     def copy(self, nbytes: int, timing: dict) -> dict:
         buffers: list = []

@@ -287,8 +287,8 @@ class _Kept:
             if secrets.randbelow(self.evicted) == 0:
                 self.early = (index, kept)
 
-    def add(self, index: int, output: object, total: float | None) -> None:
-        self.latest[index] = (output, total)
+    def add(self, index: int, output: object, norm: float | None) -> None:
+        self.latest[index] = (output, norm)
 
     def outputs(self) -> dict[int, tuple[object, float | None]]:
         """Call index -> (output, its fingerprint when returned)."""
