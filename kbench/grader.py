@@ -449,10 +449,11 @@ class Grader:
         answer = self._call(box, {"op": "outputs", "calls": chosen}, self.task.limits.case_s,
                             stage)
         items = answer.get("outputs")
-        if not isinstance(items, list) or sorted(
-                i.get("call") for i in items if isinstance(i, dict)) != sorted(chosen):
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items) or \
+                sorted(str(i.get("call")) for i in items) != sorted(map(str, chosen)):
             raise _Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker did not send the "
-                                "kept outputs asked for"))
+                                "kept outputs asked for (was kbench's worker code changed "
+                                "in the submission's process?)"))
         dtype = self.task.benchmark_dtype
         tol = self.task.tolerance[dtype]
         loose = Tolerance(rtol=2 * tol.rtol, atol=2 * tol.atol)
