@@ -8,8 +8,10 @@ Parts (each prints a Markdown table; all are saved in DIR/evidence.json and DIR/
   ``kbench grade --force`` process with a fresh seed, and report each shape's speedup spread
   (max - min) / median, the verdicts, the copy bandwidth and the reference's GB/s per run.
   Runs already in DIR/repeat/runN/results.json are kept, so the runs can span several calls;
-- agree: the reference and l2norm_v3 timed by kbench's stopwatch and by torch.profiler's kernel
-  durations (CUPTI), cold cache both ways, per shape;
+- agree: the reference and l2norm_v3 timed by kbench's stopwatch, by Nsight Compute's
+  ``gpu__time_duration`` (``--clock-control none``; where ``ncu`` is on PATH) and by
+  torch.profiler's kernel durations (CUPTI), cold cache every way, per shape. The target is
+  judged on ncu where it ran, else on the profiler;
 - flush: the reference at the smallest and largest shape, with and without the cache flush.
 
 Needs a CUDA GPU; the torch.compile baseline is left out of the repeated grades to save time.
@@ -18,8 +20,10 @@ Needs a CUDA GPU; the torch.compile baseline is left out of the repeated grades 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -151,9 +155,57 @@ def profiled_ms(model, x: torch.Tensor, calls: int) -> float:
     return sum(e.time_range.elapsed_us() for e in kernels) / calls / 1e3
 
 
+NCU_RANGE = "kbench_call"  # the NVTX range around each call ncu profiles
+
+
+def model_for(side: str):
+    return Model().cuda() if side == "reference" else load(side).ModelNew().cuda()
+
+
+def calls_for(shape: tuple[int, int]) -> int:
+    return 20 if math.prod(shape) < 1 << 28 else 5
+
+
+def ncu_child(side: str, shape: tuple[int, int]) -> None:
+    """The program ncu runs: ``side``'s calls at ``shape``, each after an L2 flush and inside
+    the NVTX range ncu is told to profile."""
+    model = model_for(side)
+    (x,) = make_inputs(shape, "float32", "normal", 7, "cuda")
+    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size,
+                        dtype=torch.uint8, device="cuda")
+    with torch.no_grad():
+        model(x)
+        for _ in range(calls_for(shape)):
+            flush.zero_()
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push(NCU_RANGE)
+            model(x)
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_pop()
+
+
+def ncu_ms(side: str, shape: tuple[int, int]) -> float | None:
+    """Mean GPU time per call of ``side``'s kernels at ``shape`` by Nsight Compute
+    (``gpu__time_duration``, clocks and caches left as they are, the L2 flushed before each
+    call as kbench does); None where ``ncu`` is not installed."""
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        return None
+    cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--nvtx",
+           "--nvtx-include", f"{NCU_RANGE}/", "--metrics", "gpu__time_duration.sum",
+           "--print-units", "base", "--csv", sys.executable, __file__, "--ncu-child", side,
+           "x".join(map(str, shape))]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    rows = list(csv.reader(line for line in done.stdout.splitlines() if line.startswith('"')))
+    if done.returncode != 0 or len(rows) < 2:
+        raise SystemExit(f"ncu failed ({done.returncode}):\n{done.stdout[-2000:]}"
+                         f"{done.stderr[-2000:]}")
+    value = rows[0].index("Metric Value")
+    return sum(float(r[value].replace(",", "")) for r in rows[1:]) / calls_for(shape) / 1e6
+
+
 def kbench_ms(model, shape: tuple[int, int], flush: bool = True) -> stats.Estimate:
-    settings = vars(load_task("l2norm").timing["cuda"]).copy()
-    settings.pop("compile_reference")
+    settings = load_task("l2norm").timing["cuda"].stopwatch()
     with torch.no_grad():
         samples, _ = measure(lambda args: model(*args),
                              lambda i: make_inputs(shape, "float32", "normal", 100 + i, "cuda"),
@@ -163,26 +215,31 @@ def kbench_ms(model, shape: tuple[int, int], flush: bool = True) -> stats.Estima
 
 def agree() -> tuple[dict, str]:
     shapes = load_task("l2norm").benchmarks["cuda"]
-    models = {"reference": Model().cuda(), "l2norm_v3": load("l2norm_v3").ModelNew().cuda()}
     rows, data = [], []
-    for name, model in models.items():
+    for side in ("reference", "l2norm_v3"):
+        model = model_for(side)
         for shape in shapes:
             est = kbench_ms(model, shape)
             (x,) = make_inputs(shape, "float32", "normal", 7, "cuda")
             with torch.no_grad():
-                prof = profiled_ms(model, x, calls=20 if math.prod(shape) < 1 << 28 else 5)
+                prof = profiled_ms(model, x, calls_for(shape))
             del x
             torch.cuda.empty_cache()
-            diff = est.median / prof - 1
+            ncu = ncu_ms(side, shape)
+            judged = ncu if ncu is not None else prof
+            diff = est.median / judged - 1
             checked = est.median >= LAUNCH_BOUND_MS
-            data.append({"side": name, "shape": list(shape), "kbench_ms": est.median,
-                         "profiler_ms": prof, "diff": diff})
+            data.append({"side": side, "shape": list(shape), "kbench_ms": est.median,
+                         "ncu_ms": ncu, "profiler_ms": prof, "diff": diff,
+                         "judged_on": "ncu" if ncu is not None else "profiler"})
             verdict = ("pass" if abs(diff) <= 0.03 else "FAIL") if checked else "launch-bound"
-            rows.append([name, "x".join(map(str, shape)), f"{est.median:.4f}", f"{prof:.4f}",
+            rows.append([side, "x".join(map(str, shape)), f"{est.median:.4f}",
+                         "-" if ncu is None else f"{ncu:.4f}", f"{prof:.4f}",
                          f"{100 * diff:+.2f}%", verdict])
-            print(f"agree: {name} {shape} done", flush=True)
-    return {"rows": data}, table(["side", "shape", "kbench median ms",
-                                  "profiler kernel ms per call", "difference",
+            print(f"agree: {side} {shape} done", flush=True)
+        del model
+    return {"rows": data}, table(["side", "shape", "kbench median ms", "ncu ms per call",
+                                  "profiler ms per call", "kbench vs ncu (else profiler)",
                                   "<= 3% above 0.1 ms"], rows)
 
 
@@ -208,13 +265,21 @@ def flush_effect() -> tuple[dict, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--parts", default="repeat,agree,flush")
     parser.add_argument("--timing", choices=["eager", "graph"], default="eager",
                         help="timing mode of the repeated grades")
     parser.add_argument("--shapes", type=int, help="repeat: only the task's first N shapes")
+    parser.add_argument("--ncu-child", nargs=2, metavar=("SIDE", "SHAPE"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.ncu_child:
+        side, shape = args.ncu_child
+        ncu_child(side, tuple(int(v) for v in shape.split("x")))
+        return
+    if args.out is None:
+        parser.error("--out is required")
     if not torch.cuda.is_available():
         raise SystemExit("timing_evidence.py needs a CUDA GPU")
     args.out.mkdir(parents=True, exist_ok=True)

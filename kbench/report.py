@@ -101,7 +101,9 @@ def leaderboard(run: RunResult) -> str:
              "while both medians lie in theirs. The reference runs in its own process, which "
              "never loads a submission: timed at the start and the end of the run (the table "
              "below; disagreement beyond noise is reported as drift) and in rounds alternating "
-             "with each submission's (what its speedups divide); \"vs compile\" divides "
+             "with each submission's (what its speedups divide; shapes under the task's "
+             "fresh_rounds_below_ms take each round in new processes on both sides); "
+             "\"vs compile\" divides "
              "torch.compile of the reference, timed once at the start"]
     if bound:
         lines.append(f"- launch-bound (marked †, reference under {LAUNCH_BOUND_MS * 1e3:.0f} us): "

@@ -54,6 +54,15 @@ class Timing:
     budget_ms: float  # per benchmark shape and side
     target_ci: float  # stop once the median's 95 % interval is this close (relative half-width)
     compile_reference: bool  # also time torch.compile of the reference, a second baseline
+    # Shapes whose reference runs under this at the start take each round, on each side, in a
+    # process of its own: a process's launch path sets its own level (kbench.grader._time).
+    fresh_rounds_below_ms: float
+
+    def stopwatch(self) -> dict:
+        """The settings of kbench.worker.timing.measure for one whole measurement."""
+        return {"warmup_ms": self.warmup_ms, "min_samples": self.min_samples,
+                "max_samples": self.max_samples, "budget_ms": self.budget_ms,
+                "target_ci": self.target_ci}
 
 
 @dataclass(frozen=True)
@@ -219,16 +228,18 @@ def _parse(raw: Any, path: Path) -> Task:
                              f"{len(correctness.random_shape)} dimensions", list(shape))
 
     timing_keys = {"warmup_ms", "min_samples", "max_samples", "budget_ms", "target_ci",
-                   "compile_reference"}
-    t = r.mapping(raw["timing"], "timing", timing_keys, timing_keys)
+                   "compile_reference", "fresh_rounds_below_ms"}
+    t = r.mapping(raw["timing"], "timing", timing_keys, timing_keys - {"fresh_rounds_below_ms"})
     min_samples = r.number(t["min_samples"], "timing.min_samples", 1, integer=True)
     max_samples = r.number(t["max_samples"], "timing.max_samples", min_samples, integer=True)
     warmup = r.per_device(t["warmup_ms"], "timing.warmup_ms", r.number)
     budget = r.per_device(t["budget_ms"], "timing.budget_ms", r.number)
     target = float(r.number(t["target_ci"], "timing.target_ci", 0.0001))
     compile_ref = r.per_device(t["compile_reference"], "timing.compile_reference", r.flag)
+    fresh = r.per_device(t.get("fresh_rounds_below_ms", 0), "timing.fresh_rounds_below_ms",
+                         r.number)
     timing = {d: Timing(float(warmup[d]), min_samples, max_samples, float(budget[d]), target,
-                        compile_ref[d]) for d in DEVICES}
+                        compile_ref[d], float(fresh[d])) for d in DEVICES}
 
     limit_keys = {"build_s", "load_s", "case_s", "benchmark_s", "host_memory_gib", "log_mib"}
     lim = r.mapping(raw["limits"], "limits", limit_keys, limit_keys)

@@ -55,6 +55,7 @@ def test_exit_zero_and_reports_written(run):
     assert (out / "leaderboard.md").exists() and (out / "logs").is_dir()
     assert results["task"] == "l2norm" and results["seed"] == 1234
     assert results["environment"]["device"] == "cpu" and results["environment"]["torch"]
+    assert not list((out / "logs").glob("*round*"))  # every round in one process on a CPU
 
 
 @pytest.mark.parametrize("name, status", sorted(EXPECTED.items()))
@@ -178,6 +179,21 @@ def test_torch_compile_of_the_reference_is_a_second_baseline(tmp_path, cache_dir
     assert bench["compile_speedup"] == pytest.approx(compiled["ms"] / bench["candidate"]["ms"])
     assert sub["compile_speedup"] == pytest.approx(bench["compile_speedup"])
     assert "vs compile" in (tmp_path / "out" / "leaderboard.md").read_text()
+
+
+def test_launch_bound_shapes_take_each_round_in_a_process_of_its_own(tmp_path, cache_dir):
+    # Every CPU shape counts as launch-bound here.
+    task = quick_task(tmp_path, **{"timing.fresh_rounds_below_ms": 1e6})
+    out = tmp_path / "out"
+    code, results = grade([str(FIXTURES / "cpu" / "l2norm_torch_ok.py"), "--task", str(task),
+                           "--device", "cpu", "--seed", "5"], out, cache_dir)
+    sub = results["submissions"][0]
+    assert code == 0 and sub["status"] == "ok" and sub["speedup"] > 0, sub["reason"]
+    assert sub["benchmarks"][0]["candidate"]["trusted_ms"] > 0  # still in the first process
+    logs = sorted(p.name for p in (out / "logs").glob("*round*"))
+    assert logs == sorted([f"l2norm_torch_ok.round{r}.log" for r in range(2, 9)]
+                          + [f"reference.round{r}.run.log" for r in range(2, 9)])
+    assert str(out / "logs" / "l2norm_torch_ok.round8.log") in sub["logs"]
 
 
 def test_timed_calls_are_checked_and_bounded_by_kbench_s_own_clock(tmp_path, cache_dir):

@@ -14,6 +14,13 @@ def test_bundled_task_loads():
     assert task.correctness.random_cases >= 20
     assert task.tolerance["float32"].rtol <= 1e-5
     assert "KernelBench" in task.semantics and "NaN" in task.semantics
+    assert task.timing["cuda"].fresh_rounds_below_ms == 0.1
+
+
+def test_fresh_rounds_are_optional_and_off_by_default(tmp_path):
+    task = load_task(str(write(tmp_path, lambda r: r["timing"].pop("fresh_rounds_below_ms"))))
+    assert task.timing["cuda"].fresh_rounds_below_ms == 0
+    assert task.timing["cpu"].fresh_rounds_below_ms == 0
 
 
 def write(tmp_path: Path, mutate) -> Path:
@@ -36,6 +43,8 @@ def write(tmp_path: Path, mutate) -> Path:
     (lambda r: r.update(refrence="x"), "refrence", "unknown key"),
     (lambda r: r.update(reference="kbench.reference.nope"), "reference", "importable module"),
     (lambda r: r["limits"].update(case_s=-1), "limits.case_s", ">= 0.001"),
+    (lambda r: r["timing"].update(fresh_rounds_below_ms={"cuda": -1, "cpu": 0}),
+     "timing.fresh_rounds_below_ms.cuda", ">= 0"),
     (lambda r: r["correctness"].update(random_shape=[[5, 2], [1, 10]]),
      "correctness.random_shape[0][1]", ">= 5"),
 ])
