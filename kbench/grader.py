@@ -429,8 +429,10 @@ class Grader:
         settles on its own level (some 0.2 us a kernel apart on an H200, docs/timing.md),
         which dominates a speedup of 10 us calls unless the rounds sample many processes.
         Those shapes go first, round by round, so that a round costs one new process per
-        side; the first is the submission's own process, where kbench's clock runs later."""
-        below = self.task.timing[self.device.type].fresh_rounds_below_ms
+        side; the first is the submission's own process, where kbench's clock runs later.
+        Eager mode only: graph replays launch no kernel one by one."""
+        eager = self.opts.timing == "eager"  # graph replay has no per-process launch level
+        below = self.task.timing[self.device.type].fresh_rounds_below_ms if eager else 0.0
         rounds: dict[int, tuple[list[Samples], list[Samples | None]]] = {}
         for i, ref in enumerate(reference):
             result.benchmarks.append(Benchmark(shape=ref.shape, dtype=ref.dtype,

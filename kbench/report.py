@@ -101,8 +101,8 @@ def leaderboard(run: RunResult) -> str:
              "while both medians lie in theirs. The reference runs in its own process, which "
              "never loads a submission: timed at the start and the end of the run (the table "
              "below; disagreement beyond noise is reported as drift) and in rounds alternating "
-             "with each submission's (what its speedups divide; shapes under the task's "
-             "fresh_rounds_below_ms take each round in new processes on both sides); "
+             "with each submission's (what its speedups divide; in eager mode, shapes under the "
+             "task's fresh_rounds_below_ms take each round in new processes on both sides); "
              "\"vs compile\" divides "
              "torch.compile of the reference, timed once at the start"]
     if bound:
