@@ -20,6 +20,7 @@ Needs a CUDA GPU; the torch.compile baseline is left out of the repeated grades 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -131,14 +132,25 @@ def repeat_table(results: list[dict]) -> tuple[dict, str]:
 
 # -- agree -------------------------------------------------------------------------------------
 
+def cold_calls(model, x: torch.Tensor, calls: int, mark=contextlib.nullcontext) -> None:
+    """``calls`` calls of ``model(x)``, each after an L2 flush as kbench does and inside
+    ``mark()``, with the device idle before and after each."""
+    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size,
+                        dtype=torch.uint8, device="cuda")
+    for _ in range(calls):
+        flush.zero_()
+        torch.cuda.synchronize()
+        with mark():
+            model(x)
+            torch.cuda.synchronize()
+
+
 def profiled_ms(model, x: torch.Tensor, calls: int) -> float:
     """Mean GPU time per call of ``model(x)``'s own kernels, from torch.profiler (CUPTI),
-    with the L2 flushed before each call as kbench does."""
+    cold as kbench times them."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size,
-                        dtype=torch.uint8, device="cuda")
     model(x)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -146,11 +158,7 @@ def profiled_ms(model, x: torch.Tensor, calls: int) -> float:
         torch.cuda.synchronize()
     names = {e.name for e in prof.events() if e.device_type == DeviceType.CUDA}
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            flush.zero_()
-            torch.cuda.synchronize()
-            model(x)
-            torch.cuda.synchronize()
+        cold_calls(model, x, calls)
     kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA and e.name in names]
     return sum(e.time_range.elapsed_us() for e in kernels) / calls / 1e3
 
@@ -171,17 +179,9 @@ def ncu_child(side: str, shape: tuple[int, int]) -> None:
     the NVTX range ncu is told to profile."""
     model = model_for(side)
     (x,) = make_inputs(shape, "float32", "normal", 7, "cuda")
-    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size,
-                        dtype=torch.uint8, device="cuda")
     with torch.no_grad():
         model(x)
-        for _ in range(calls_for(shape)):
-            flush.zero_()
-            torch.cuda.synchronize()
-            torch.cuda.nvtx.range_push(NCU_RANGE)
-            model(x)
-            torch.cuda.synchronize()
-            torch.cuda.nvtx.range_pop()
+        cold_calls(model, x, calls_for(shape), lambda: torch.cuda.nvtx.range(NCU_RANGE))
 
 
 def ncu_ms(side: str, shape: tuple[int, int]) -> float | None:

@@ -433,33 +433,34 @@ class Grader:
         Eager mode only: graph replays launch no kernel one by one."""
         eager = self.opts.timing == "eager"  # graph replay has no per-process launch level
         below = self.task.timing[self.device.type].fresh_rounds_below_ms if eager else 0.0
-        rounds: dict[int, tuple[list[Samples], list[Samples | None]]] = {}
+        mine: dict[int, list[Samples]] = {}  # per timed shape, the submission's rounds
+        theirs: dict[int, list[Samples | None]] = {}  # and the reference's
         for i, ref in enumerate(reference):
             result.benchmarks.append(Benchmark(shape=ref.shape, dtype=ref.dtype,
                                                skipped=ref.skipped))
             if ref.reference is not None:
-                rounds[i] = ([], [])
-        fresh = [i for i in rounds if reference[i].reference.ms < below]
+                mine[i], theirs[i] = [], []
+        fresh = [i for i in mine if reference[i].reference.ms < below]
 
-        def one_round(i: int, mine: Sandbox, theirs: _ReferenceWorker, count: int) -> None:
+        def one_round(i: int, process: Sandbox, worker: _ReferenceWorker, count: int) -> None:
             shape = reference[i].shape
-            rounds[i][1].append(theirs.samples(i, shape, count))
-            rounds[i][0].append(self._samples(mine, shape, count, keep=True))
-            self._verify(mine, shape, rounds[i][0][-1]["kept"])
+            theirs[i].append(worker.samples(i, shape, count))
+            mine[i].append(self._samples(process, shape, count, keep=True))
+            self._verify(process, shape, mine[i][-1]["kept"])
 
         for r in range(_FRESH_ROUNDS if fresh else 0):
             with contextlib.ExitStack() as stack:
-                mine = box if r == 0 else stack.enter_context(self._round_box(sub, r, result))
+                here = box if r == 0 else stack.enter_context(self._round_box(sub, r, result))
                 for i in fresh:
-                    one_round(i, mine, self._reference_rounds[r], _FRESH_ROUNDS)
-        for i in rounds:
+                    one_round(i, here, self._reference_rounds[r], _FRESH_ROUNDS)
+        for i in mine:
             if i not in fresh:
                 for _ in range(_ROUNDS):
                     one_round(i, box, self._reference_worker, _ROUNDS)
             bench, nbytes = result.benchmarks[i], self._traffic(reference[i].shape)
-            bench.candidate = measurement.summarise(rounds[i][0], nbytes)
-            theirs = [t for t in rounds[i][1] if t is not None]
-            bench.reference = measurement.summarise(theirs, nbytes) if theirs else None
+            bench.candidate = measurement.summarise(mine[i], nbytes)
+            ref_rounds = [t for t in theirs[i] if t is not None]
+            bench.reference = measurement.summarise(ref_rounds, nbytes) if ref_rounds else None
             self._within_copy_bandwidth(bench)
             self._ordered(bench)
             self._within_trusted_clock(box, bench)
