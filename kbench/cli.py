@@ -1,4 +1,5 @@
-"""Command line: ``kbench grade``, ``kbench list``, ``kbench new``.
+"""Command line: ``kbench grade``, ``report``, ``history``, ``doctor``, ``prune``, ``list``,
+``new``.
 
 Exit status: 0 when grading ran, whatever the verdicts; 2 when kbench could not grade (bad
 arguments, a malformed task, no such files, no CUDA device for --device cuda).
@@ -78,6 +79,26 @@ def _parser() -> argparse.ArgumentParser:
                          help="report folder (default: the checkout's reports/)")
     history.set_defaults(handler=_history)
 
+    check = sub.add_parser("doctor", help="check that this machine can build and run "
+                           "submissions: torch, nvcc, compilers, GPUs; each problem with its fix")
+    check.add_argument("--device", choices=["cpu", "cuda"],
+                       help="the device grading would use (default: cuda when visible)")
+    check.add_argument("--cuda-arch", help="TORCH_CUDA_ARCH_LIST to check builds for")
+    check.add_argument("--cache-dir", type=Path, help="build cache (default: $KBENCH_CACHE_DIR "
+                       "or ~/.cache/kbench)")
+    check.add_argument("--quick", action="store_true", help="only the checks kbench grade runs "
+                       "at its start (skips building a CUDA extension with load_inline)")
+    check.set_defaults(handler=_doctor)
+
+    prune = sub.add_parser("prune", help="delete old runs from the results store, with the "
+                           "logs and build folders no kept run used")
+    prune.add_argument("--keep", type=int, required=True, help="how many of the newest runs "
+                       "to keep (runs being graded now are always kept)")
+    prune.add_argument("--out", type=Path, help="report folder (default: the checkout's reports/)")
+    prune.add_argument("--cache-dir", type=Path, help="build cache (default: $KBENCH_CACHE_DIR "
+                       "or ~/.cache/kbench)")
+    prune.set_defaults(handler=_prune)
+
     listing = sub.add_parser("list", help="show tasks and bundled submissions")
     listing.set_defaults(handler=_list)
 
@@ -145,11 +166,12 @@ def _grade(args: argparse.Namespace) -> int:
         grader = Grader(task, options, say=lambda line: print(line, flush=True))
     except ValueError as exc:
         return _fail(str(exc))
-    total = len(submissions)
-    done = iter(range(1, total + 1))
-    run_id = grader.grade(submissions, store, run_id=run_id, force=args.force,
-                          on_result=lambda r: print(report.progress_line(r, next(done), total),
-                                                    flush=True))
+    try:
+        run_id = grader.grade(submissions, store, run_id=run_id, force=args.force,
+                              on_result=lambda r, i, n: print(report.progress_line(r, i, n),
+                                                              flush=True))
+    except StoreError as exc:
+        return _fail(str(exc))
     return _render(store, run_id, out_dir, logs=True)
 
 
@@ -241,4 +263,44 @@ def _new(args: argparse.Namespace) -> int:
     except (TaskError, ValueError, FileExistsError) as exc:
         return _fail(str(exc))
     print(f"wrote {path}; fill in the kernel, then: kbench grade {path}")
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """Exit 0 when nothing is a problem, 1 when something is."""
+    import torch
+
+    from kbench import doctor
+    from kbench.toolchain import find_toolchain
+
+    cache = (args.cache_dir or paths.default_cache_dir()).resolve()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tools = find_toolchain(args.cuda_arch, cache / "toolkits")
+    print(f"kbench {__version__} doctor: Python {sys.version.split()[0]}, device {device}",
+          flush=True)
+    found = doctor.checks(device, tools, cache)
+    for check in found:
+        print(check.line(), flush=True)
+    if not args.quick:
+        print("building a tiny CUDA extension with load_inline (a minute or more the first "
+              "time)...", flush=True)
+        found.append(doctor.extension(tools, cache))
+        print(found[-1].line())
+    problems = [c for c in found if c.level is doctor.Level.PROBLEM]
+    print(f"{len(problems)} problem(s)" if problems else "no problems found")
+    return 1 if problems else 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from kbench import housekeeping
+    from kbench.store import StoreError
+
+    if args.keep < 0:
+        return _fail("--keep must be 0 or more")
+    try:
+        store, out_dir = _open_store(args.out)
+    except (StoreError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    cache = (args.cache_dir or paths.default_cache_dir()).resolve()
+    print(housekeeping.prune(store, out_dir, cache, args.keep))
     return 0

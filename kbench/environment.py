@@ -11,7 +11,7 @@ import sys
 import torch
 
 from kbench import __version__
-from kbench.build import Toolchain
+from kbench.toolchain import Toolchain
 
 
 def describe(device: str, toolchain: Toolchain) -> dict:
@@ -36,7 +36,7 @@ def describe(device: str, toolchain: Toolchain) -> dict:
             "sm_count": props.multi_processor_count,
             "memory_gib": round(props.total_memory / 2**30, 1),
             "l2_cache_mib": round(props.L2_cache_size / 2**20, 1),
-            "driver": _driver_version(),
+            "driver": driver_version(),
         })
     return env
 
@@ -61,7 +61,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _driver_version() -> str | None:
+def driver_version() -> str | None:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30)

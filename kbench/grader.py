@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import time
 import traceback
@@ -24,9 +25,9 @@ from pathlib import Path
 import psutil
 import torch
 
-from kbench import __version__, environment, measurement, paths, scan
+from kbench import __version__, doctor, environment, measurement, paths, scan
 from kbench import verdict as verdicts
-from kbench.build import build_dir, find_toolchain
+from kbench.build import build_dir
 from kbench.cases import Case, plan_cases, select
 from kbench.compare import (
     compare,
@@ -42,6 +43,7 @@ from kbench.results import Benchmark, SubmissionResult, shape_text
 from kbench.sandbox import Sandbox, SandboxFailure, child_env, remove_stale_logs
 from kbench.store import Store
 from kbench.task import Task, Tolerance
+from kbench.toolchain import find_toolchain
 from kbench.verdict import Status, Verdict
 
 
@@ -102,17 +104,25 @@ _CLOCK_SLACK = {"cuda": (0.15, 0.1), "cpu": (0.5, 1.0)}
 
 _random = random.SystemRandom()  # choices a submission must not be able to predict
 
+Progress = Callable[[SubmissionResult, int, int], None]  # a result, its place, how many
 Samples = dict  # one round of a worker's checked timing samples (kbench.worker.timing.Samples)
 
 
 @dataclass(frozen=True)
 class _Returned:
-    """An output as the worker returned it (memory the worker can still write) and the copy
-    that was checked."""
+    """An output as the worker returned it (memory the worker can still write), the copy
+    that was checked, and when (time.monotonic()) the answer came."""
 
     shared: torch.Tensor
     copy: torch.Tensor
     case: Case
+    at: float
+
+
+# Outputs are compared with their checked copies this long, at least, after the last case's
+# call returned (see Grader._recheck): a write that comes later than this after a call, with
+# no timing to follow, goes unseen.
+_SETTLE_S = 1.0
 
 
 def _tampered(when: str, lines: list[str]) -> Verdict:
@@ -139,7 +149,8 @@ class Grader:
         self.reference = task.reference_module()
         self.init_args = list(self.reference.get_init_inputs())
         self.ref_model = self.reference.Model(*self.init_args).to(self.device).eval()
-        self.toolchain = find_toolchain(options.cuda_arch)
+        self.toolchain = find_toolchain(options.cuda_arch, options.cache_dir / "toolkits")
+        self.environment_problem: str | None = None  # set by grade (kbench.doctor)
         self.cases = select(plan_cases(task, options.seed), options.case_indices)
         self.timed = options.case_indices is None
         self._skips: list[str | None] = []  # per benchmark shape: why it cannot run here
@@ -165,24 +176,33 @@ class Grader:
     # -- the run ---------------------------------------------------------------------------
 
     def grade(self, submissions: list[Submission], store: Store, run_id: int | None = None,
-              force: bool = False,
-              on_result: Callable[[SubmissionResult], None] = lambda r: None) -> int:
+              force: bool = False, on_result: Progress = lambda r, i, n: None) -> int:
         """Grade into ``store``: a new run, or the rest of ``run_id``. Each result is stored the
-        moment it is known. Returns the run's id."""
+        moment it is known and passed to ``on_result`` with its place among the submissions
+        this call grades. Returns the run's id. Raises StoreError if another kbench process is
+        grading ``run_id``."""
         self._presences = [self._cache_presence, store.presence]
-        env = environment.describe(self.device.type, self.toolchain)
+        env = self._environment()
         fingerprint = environment.fingerprint(env)
         if run_id is None:
             run_id = store.start_run(
                 kbench_version=__version__, task=self.task.name, task_hash=self.task.digest,
                 seed=self.opts.seed, device=self.device.type, fingerprint=fingerprint,
                 options=self.opts.resumable(), environment=env)
+        store.claim(run_id)
         remove_stale_logs(self.logs)
         graded = store.graded_names(run_id)
+        left = [sub for sub in submissions if sub.name not in graded]
+        if graded:
+            self.say(f"run {run_id} has {len(graded)} result(s) stored; grading the other "
+                     f"{len(left)}")
+        done = iter(range(1, len(left) + 1))
+
+        def report(result: SubmissionResult) -> None:
+            on_result(result, next(done), len(left))
+
         todo = []
-        for sub in submissions:
-            if sub.name in graded:
-                continue
+        for sub in left:
             earlier = None if force or not self.timed else store.reusable(
                 sub.sha256, self.task.digest, __version__, fingerprint, self.opts.timing)
             if earlier is None:
@@ -191,11 +211,24 @@ class Grader:
             result = earlier[1]  # the same bytes, perhaps under another name
             result.name, result.path, result.reused_from_run = sub.name, str(sub.path), earlier[0]
             store.add_result(run_id, result)
-            on_result(result)
+            report(result)
         if todo:
-            self._grade_anew(todo, store, run_id, on_result)
+            self._grade_anew(todo, store, run_id, report)
         store.finish_run(run_id)
         return run_id
+
+    def _environment(self) -> dict:
+        """The machine, as recorded with the run, with what kbench.doctor found wrong. A
+        problem that stops CUDA builds is said once here and becomes each CUDA submission's
+        environment_error (see _build)."""
+        env = environment.describe(self.device.type, self.toolchain)
+        found = doctor.checks(self.device.type, self.toolchain, self.opts.cache_dir)
+        env["problems"] = [f"{c.name}: {c.detail}" + (f" (fix: {c.fix})" if c.fix else "")
+                           for c in found if c.level is doctor.Level.PROBLEM]
+        self.environment_problem = doctor.blocking(found)
+        for line in env["problems"]:
+            self.say(f"environment problem: {line}")
+        return env
 
     def _grade_anew(self, submissions: list[Submission], store: Store, run_id: int,
                     on_result: Callable[[SubmissionResult], None]) -> None:
@@ -278,9 +311,12 @@ class Grader:
 
     def _build(self, sub: Submission) -> _Built:
         """Import the submission once in its own process: this compiles its extensions."""
-        if scan.needs_cuda(sub.path.read_text(errors="replace")) and not self.toolchain.cuda_home:
-            return _Built(Verdict(Status.SKIPPED, "compiles CUDA code and no CUDA toolkit was "
-                                  "found here (set CUDA_HOME to one with bin/nvcc)"), 0.0)
+        if scan.needs_cuda(sub.path.read_text(errors="replace")):
+            if self.environment_problem:
+                return _Built(Verdict(Status.ENVIRONMENT_ERROR, self.environment_problem), 0.0)
+            if not self.toolchain.cuda_home:
+                return _Built(Verdict(Status.SKIPPED, "compiles CUDA code and no CUDA toolkit "
+                                      "was found here (kbench doctor says how to get one)"), 0.0)
         start = time.monotonic()
         try:
             with self._sandbox(f"{sub.name}.build.log", self._build_env(sub)) as box:
@@ -293,6 +329,7 @@ class Grader:
     def _build_env(self, sub: Submission) -> dict[str, str]:
         folder = self._build_folder(sub)
         folder.mkdir(parents=True, exist_ok=True)
+        os.utime(folder)  # last used now: kbench prune keeps what recent runs used
         cores = max(1, (psutil.cpu_count() or 1) // self.opts.jobs)
         return child_env({**self.toolchain.env(), "TORCH_EXTENSIONS_DIR": str(folder),
                           "MAX_JOBS": str(cores)})
@@ -318,12 +355,10 @@ class Grader:
                 with self._sandbox(f"{sub.name}.run.log", self._build_env(sub)) as box:
                     self._call(box, self._load_request(sub, instantiate=True),
                                self.task.limits.load_s, "load")
-                    last = self._check(box, sub, result)
+                    returned = self._check(box, sub, result)
                     if self.timed:
                         self._time(box, sub, result, reference)
-                    else:
-                        self._call(box, {"op": "ping"}, self.task.limits.case_s, "ping")
-                    self._recheck(sub, last)
+                    self._recheck(sub, returned)
                 verdict = Verdict(Status.OK)
             except _Stop as stop:
                 verdict, result.failure = stop.verdict, stop.failure
@@ -336,14 +371,17 @@ class Grader:
         return result
 
     def _check(self, box: Sandbox, sub: Submission,
-               result: SubmissionResult | None) -> _Returned | None:
+               result: SubmissionResult | None) -> list[_Returned]:
         """Every case: fresh inputs here, the candidate's output back, the reference after.
         Passed cases are counted in ``result``. The first failure raises _Stop: wrong_output
         for wrong values; flagged for right values from a call that returned a view of its
-        input, changed its input, or changed an output after returning it. One case, picked
-        at random, is sent twice: the second output must match the first (determinism).
-        Returns the last output for a final look (see _recheck)."""
-        last, first_again = None, None
+        input or changed its input. Values are judged on the copy the worker made as the call
+        returned (see kbench.worker.serve), never on the output itself, which a thread may
+        still be writing. One case, picked at random, is sent twice: the second output must
+        match the first (determinism). Returns every output with its checked copy, for
+        _recheck."""
+        returned: list[_Returned] = []
+        first_again = None
         again = [_random.choice(self.cases)] if self.cases else []
         for index, case in enumerate(self.cases + again):
             repeat = index == len(self.cases)
@@ -356,13 +394,17 @@ class Grader:
             except _Stop as stop:
                 stop.failure = self._failure(sub, case)
                 raise
-            shared = answer["output"]
+            shared, copy = answer["output"], answer.get("returned")
             if shared is None:
                 raise _Stop(Verdict(Status.WRONG_OUTPUT, f"{case.describe()}: returned "
                                     f"{answer.get('output_type')}, expected torch.Tensor"),
                             self._failure(sub, case))
-            out = shared.clone() if type(shared) is torch.Tensor else shared
-            self._recheck(sub, last)
+            if type(shared) is not torch.Tensor or type(copy) is not torch.Tensor:
+                raise _Stop(Verdict(Status.RUNTIME_ERROR, f"{case.describe()}: the worker "
+                                    "sent no output and copy of it (was kbench's worker code "
+                                    "changed in the submission's process?)"),
+                            self._failure(sub, case))
+            out = copy.clone()  # the grader's own: nothing in the worker can write it
             with torch.no_grad():
                 expected = self.ref_model(*inputs)
                 exact = self.ref_model(*[t.to(torch.float64) for t in inputs])
@@ -382,12 +424,12 @@ class Grader:
                                     "values were right)"), self._failure(sub, case))
             if repeat:
                 self._same_twice(sub, case, first_again, out)
-            last = _Returned(shared, out, case) if type(shared) is torch.Tensor else None
+            returned.append(_Returned(shared, out, case, time.monotonic()))
             if again and case is again[0] and not repeat:
                 first_again = out
             if result is not None and not repeat:
                 result.cases_passed += 1
-        return last
+        return returned
 
     def _same_twice(self, sub: Submission, case: Case, first: torch.Tensor,
                     second: object) -> None:
@@ -404,15 +446,20 @@ class Grader:
         raise _Stop(Verdict(Status.FLAGGED, f"{case.describe()}: the same input twice gave "
                             f"different outputs ({why})"), self._failure(sub, case))
 
-    def _recheck(self, sub: Submission, returned: _Returned | None) -> None:
-        """An output must still hold what it held when it was checked: a thread or stream
-        that writes it afterwards would make the check meaningless. Called once the worker
-        has answered a later request."""
-        if returned is None:
+    def _recheck(self, sub: Submission, returned: list[_Returned]) -> None:
+        """Every case's output must still hold what it held when its call returned: a thread
+        or stream that writes it afterwards makes the check meaningless. Looked at once, at
+        the end, at least _SETTLE_S after the last call returned (the timing, when there is
+        any, takes longer), in case order: the verdict and the case it names do not depend
+        on how fast this process happened to be."""
+        if not returned:
             return
-        if not identical(returned.shared, returned.copy):
-            raise _Stop(Verdict(Status.FLAGGED, f"{returned.case.describe()}: the output "
-                                "changed after it was returned"), self._failure(sub, returned.case))
+        time.sleep(max(0.0, returned[-1].at + _SETTLE_S - time.monotonic()))
+        for item in returned:
+            if not identical(item.shared, item.copy):
+                raise _Stop(Verdict(Status.FLAGGED, f"{item.case.describe()}: the output "
+                                    "changed after it was returned"),
+                            self._failure(sub, item.case))
 
     def _failure(self, sub: Submission, case: Case) -> dict:
         return {"case": case.to_dict(),
@@ -460,7 +507,12 @@ class Grader:
             bench, nbytes = result.benchmarks[i], self._traffic(reference[i].shape)
             bench.candidate = measurement.summarise(mine[i], nbytes)
             ref_rounds = [t for t in theirs[i] if t is not None]
-            bench.reference = measurement.summarise(ref_rounds, nbytes) if ref_rounds else None
+            if ref_rounds:
+                bench.reference = measurement.summarise(ref_rounds, nbytes)
+            else:
+                failed = {w.failure for w in self._reference_rounds if w.failure}
+                bench.skipped = ("no speedup: the reference could not be timed alongside ("
+                                 + ("; ".join(sorted(failed)) or "no reason given") + ")")
             self._within_copy_bandwidth(bench)
             self._ordered(bench)
             self._within_trusted_clock(box, bench)
@@ -531,6 +583,9 @@ class Grader:
         del items, answer
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+        # The worker holds the outputs until told; the next round, on either side, needs the
+        # memory (see _unfit for the plan).
+        self._call(box, {"op": "release"}, self.task.limits.case_s, stage)
 
     def _within_trusted_clock(self, box: Sandbox, bench: Benchmark) -> None:
         """Time calls on kbench's own clock, where the worker cannot reach: passes of calls
@@ -640,9 +695,10 @@ class Grader:
         if compiled and compiled[1]:
             notes.append(f"torch.compile of the reference failed, no speedups over it: "
                          f"{compiled[1]}")
-        if end and failure:
-            notes.append(f"the reference's process failed during the run ({failure}); "
-                         "speedups use its first timing where it could not time alongside")
+        if end:
+            notes += [f"the reference's process {w.name} failed during the run ({w.failure}); "
+                      "shapes it could not time alongside a submission have no speedup for "
+                      "that submission" for w in self._reference_rounds if w.failure]
         if drifted:
             notes.append("the machine drifted: the reference timed at the end of the run "
                          "disagrees with its start beyond noise on " + "; ".join(drifted)

@@ -101,20 +101,21 @@ def drift(start: Measurement, end: Measurement) -> str | None:
 
 
 def add_speedups(result: SubmissionResult, reference: list[Benchmark]) -> None:
-    """Per shape: reference median / candidate median, over the eager reference timed
-    alongside the candidate (the run's reference where it was not) and over torch.compile of
-    it, each with an interval; overall: geometric means over the timed shapes."""
+    """Per shape: reference median / candidate median, over the eager reference timed in
+    rounds alongside the candidate and over torch.compile of it, each with an interval;
+    overall: geometric means over the timed shapes. A shape whose reference could not be
+    timed alongside gets no speedup (its ``skipped`` says why) rather than one over the
+    run's start-of-run reference: a speedup always divides the same kind of figure."""
     for bench, ref in zip(result.benchmarks, reference, strict=True):
         if bench.candidate is None:
             continue
         mine = estimate(bench.candidate)
-        eager = bench.reference or ref.reference
-        if eager is not None:
-            bench.speedup, *bench.speedup_ci = stats.ratio(estimate(eager), mine)
+        if bench.reference is not None:
+            bench.speedup, *bench.speedup_ci = stats.ratio(estimate(bench.reference), mine)
         if ref.compiled is not None:
             bench.compile_speedup, *bench.compile_speedup_ci = stats.ratio(
                 estimate(ref.compiled), mine)
-    timed = [b for b in result.benchmarks if b.candidate is not None and b.speedup]
+    timed = [b for b in result.benchmarks if b.candidate is not None]
     result.speedup, result.speedup_ci = _overall([(b.speedup, b.speedup_ci) for b in timed])
     result.compile_speedup, result.compile_speedup_ci = _overall(
         [(b.compile_speedup, b.compile_speedup_ci) for b in timed])

@@ -86,8 +86,12 @@ def leaderboard(run: RunResult) -> str:
     env = run.environment
     device = env.get("device_name", env.get("device"))
     bound = _launch_bound(run)
-    lines = [f"# kbench leaderboard: {run.task}", "",
-             f"- device: {device} ({env.get('device')}), torch {env.get('torch')}, "
+    lines = [f"# kbench leaderboard: {run.task}", ""]
+    if env.get("problems"):
+        lines += ["**This machine has environment problems** (`kbench doctor` checks again; "
+                  "submissions they prevented are `environment_error`, not their fault):", "",
+                  *(f"- {problem}" for problem in env["problems"]), ""]
+    lines += [f"- device: {device} ({env.get('device')}), torch {env.get('torch')}, "
              f"CUDA {env.get('torch_cuda')}, driver {env.get('driver', '-')}, "
              f"nvcc {env.get('nvcc') or '-'}",
              f"- kbench {run.kbench_version}, run {run.run_id}, seed {run.seed}, "

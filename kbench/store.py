@@ -8,7 +8,9 @@ device and software are reused. Several kbench processes may share one store.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -82,6 +84,7 @@ class Store:
         self.path = folder / FILENAME
         self._check_is_ours()
         self.presence = Presence(folder)  # other kbench processes see this one (kbench.guard)
+        self._claims: list[int] = []  # descriptors of the run locks this process holds
         self.db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_MS / 1000,
                                   isolation_level=None)
         try:
@@ -135,6 +138,43 @@ class Store:
     def close(self) -> None:
         self.db.close()
         self.presence.close()
+        for fd in self._claims:
+            os.close(fd)
+
+    def _run_lock(self, run_id: int) -> Path:
+        return self.path.with_name(f".kbench-run-{run_id}.lock")
+
+    def claim(self, run_id: int) -> None:
+        """Mark run ``run_id`` as being graded by this process, until it exits (an exclusive
+        lock the kernel drops even on kill -9); StoreError if another process has it, so
+        two ``--resume`` of one run never grade the same submissions twice."""
+        path = self._run_lock(run_id)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StoreError(f"run {run_id} in {self.path} is being graded by another kbench "
+                             f"process (pid {holder}); wait for it to end, or grade anew "
+                             "without --resume") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._claims.append(fd)
+
+    def claimed(self, run_id: int) -> bool:
+        """Is another process grading run ``run_id`` now?"""
+        try:
+            fd = os.open(self._run_lock(run_id), os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)  # closing drops a lock this process took
+        return False
 
     # -- runs --------------------------------------------------------------------------------
 
@@ -189,16 +229,18 @@ class Store:
         """The newest result for the same file, task, kbench, machine software and timing
         mode, if any.
 
-        Results that kbench itself failed to produce (internal_error) are never reused.
+        Results that kbench or the machine failed to produce (internal_error,
+        environment_error) are never reused.
         """
         row = self.db.execute(
             "SELECT r.run_id, r.data FROM results r JOIN runs u ON u.id = r.run_id "
             "WHERE r.sha256 = ? AND u.task_hash = ? AND u.kbench_version = ? "
-            "AND u.fingerprint = ? AND r.status != ? AND r.reused_from IS NULL "
+            "AND u.fingerprint = ? AND r.status NOT IN (?, ?) AND r.reused_from IS NULL "
             "AND json_extract(u.options, '$.case_indices') IS NULL "
             "AND json_extract(u.options, '$.timing') = ? "
             "ORDER BY r.run_id DESC LIMIT 1",
-            (sha256, task_hash, kbench_version, fingerprint, Status.INTERNAL_ERROR.value, timing)
+            (sha256, task_hash, kbench_version, fingerprint, Status.INTERNAL_ERROR.value,
+             Status.ENVIRONMENT_ERROR.value, timing)
         ).fetchone()
         return (row[0], _result(json.loads(row[1]))) if row else None
 
@@ -217,6 +259,25 @@ class Store:
                          environment=json.loads(row[4]), reference=reference, submissions=subs,
                          notes=json.loads(row[6]), run_id=run_id, copy_gbps=row[7],
                          timing_mode=json.loads(row[8]).get("timing", "eager"))
+
+    def prune(self, keep: int) -> tuple[list[int], str | None]:
+        """Delete every run but the newest ``keep`` (and runs another process is grading) with
+        their results; return the ids deleted and when the oldest run kept started (None if
+        none is kept)."""
+        ids = [r[0] for r in self.db.execute("SELECT id FROM runs ORDER BY id DESC")]
+        gone = [i for i in ids[keep:] if not self.claimed(i)]
+        with self._write():
+            for run_id in gone:
+                self.db.execute("DELETE FROM results WHERE run_id = ?", (run_id,))
+                self.db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+        for run_id in gone:
+            self._run_lock(run_id).unlink(missing_ok=True)
+        return gone, self.db.execute("SELECT min(started) FROM runs").fetchone()[0]
+
+    def logs_in_use(self) -> set[str]:
+        """Every log path a stored result names."""
+        return {path for (data,) in self.db.execute("SELECT data FROM results")
+                for path in json.loads(data).get("logs", [])}
 
     def history(self, name: str) -> list[dict]:
         """Every stored result of submission ``name``, oldest first."""

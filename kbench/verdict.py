@@ -24,6 +24,9 @@ class Status(str, Enum):
     WRONG_OUTPUT = "wrong_output"
     FLAGGED = "flagged"  # outputs looked right, but a check caught how they were made
     SKIPPED = "skipped"
+    # This machine cannot build or run it (a toolchain that cannot compile against torch, say):
+    # not the submission's fault, and never reused once the machine is fixed.
+    ENVIRONMENT_ERROR = "environment_error"
     INTERNAL_ERROR = "internal_error"  # kbench itself failed; not the submission's fault
 
 

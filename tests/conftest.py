@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from kbench import cli, paths
-from kbench.build import find_toolchain
+from kbench.toolchain import find_toolchain
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

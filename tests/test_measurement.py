@@ -86,9 +86,10 @@ def test_speedups_per_shape_and_geometric_mean_with_intervals():
     reference = [Benchmark([1, 1], "float32", reference=m(2.0), compiled=m(1.0)),
                  Benchmark([2, 2], "float32", reference=m(8.0), compiled=m(4.0)),
                  Benchmark([3, 3], "float32", skipped="too big")]
+    # Each speedup divides the reference's rounds taken alongside the candidate's.
     result = SubmissionResult("s", "s.py", "0", Status.OK, benchmarks=[
-        Benchmark([1, 1], "float32", candidate=m(1.0)),
-        Benchmark([2, 2], "float32", candidate=m(2.0)),
+        Benchmark([1, 1], "float32", candidate=m(1.0), reference=m(2.0)),
+        Benchmark([2, 2], "float32", candidate=m(2.0), reference=m(8.0)),
         Benchmark([3, 3], "float32", skipped="too big")])
     measurement.add_speedups(result, reference)
     assert [b.speedup for b in result.benchmarks[:2]] == [2.0, 4.0]
@@ -103,11 +104,25 @@ def test_no_compile_speedup_unless_every_timed_shape_has_one():
     reference = [Benchmark([1, 1], "float32", reference=m(2.0), compiled=m(1.0)),
                  Benchmark([2, 2], "float32", reference=m(8.0))]
     result = SubmissionResult("s", "s.py", "0", Status.OK, benchmarks=[
-        Benchmark([1, 1], "float32", candidate=m(1.0)),
-        Benchmark([2, 2], "float32", candidate=m(2.0))])
+        Benchmark([1, 1], "float32", candidate=m(1.0), reference=m(2.0)),
+        Benchmark([2, 2], "float32", candidate=m(2.0), reference=m(8.0))])
     measurement.add_speedups(result, reference)
     assert result.speedup == pytest.approx(8 ** 0.5) and result.compile_speedup is None
     assert result.benchmarks[0].compile_speedup == 1.0  # compiled 1 ms / candidate 1 ms
+
+
+def test_no_speedup_over_the_start_of_run_reference_when_none_ran_alongside():
+    # The reference's process failed at the second shape while this candidate was timed: that
+    # shape gets no speedup (not one over the run's first timing), and so no overall either.
+    reference = [Benchmark([1, 1], "float32", reference=m(2.0)),
+                 Benchmark([2, 2], "float32", reference=m(8.0))]
+    result = SubmissionResult("s", "s.py", "0", Status.OK, benchmarks=[
+        Benchmark([1, 1], "float32", candidate=m(1.0), reference=m(2.0)),
+        Benchmark([2, 2], "float32", candidate=m(2.0), skipped="no speedup: the reference "
+                  "could not be timed alongside (out of memory)")])
+    measurement.add_speedups(result, reference)
+    assert result.benchmarks[0].speedup == 2.0 and result.benchmarks[1].speedup is None
+    assert result.speedup is None and result.speedup_ci is None
 
 
 def test_a_missed_persisting_l2_reset_is_kept():

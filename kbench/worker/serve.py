@@ -6,19 +6,28 @@ Each answer is ``{"ok": True, ...}`` or ``{"ok": False, "error": {...}}``; crash
 are for the parent to notice.
 
   load     {path, module_name, class_name, init_args, device, reference, instantiate, compile}
-  run      {inputs}                    -> {output, aliases_input} or {output: None, output_type}
+  run      {inputs}                    -> {output, returned, aliases_input}
+                                          or {output: None, output_type}
   time     {shape, dtype, timing, keep} -> {samples}  (timing.Samples as a dict)
   prepare  {shape, dtype, calls}       -> {calls}  (input sets for ``clocked``)
   clocked  {empty}                     -> {calls, kept}  (the calls, over fresh input sets)
   outputs  {calls}                     -> {outputs: [{call, seed, output, output_type, norm}]}
   copy     {nbytes, timing}            -> {samples}  (the copy-bandwidth yardstick)
   ping     {}                          -> {}  (a round trip: the previous request is over)
+  release  {}                          -> {}  (drop every output held for the parent, free the
+                                          device memory they took)
   exit
 
 Timing inputs are drawn here from seeds made with the OS's randomness at the moment each set
 is needed, never sent by the parent: the submission cannot know an input before it is made.
 ``time`` (with ``keep``) and ``clocked`` keep some outputs with their seeds; ``outputs`` hands
 them to the parent, which draws the same inputs from the seeds and checks them.
+
+``run`` answers with the output and ``returned``, a copy made the moment the call returned: the
+parent checks the copy's values and compares the output with it later, so a thread that writes
+the output after the call returned is caught as such however late the parent looks (before,
+the parent copied the output only once the answer had crossed the channel, milliseconds later
+on a loaded machine, and such a write could land first and read as a wrong output).
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ class Worker:
         self.model: Any = None
         self.reference: Any = None
         self.device = torch.device("cpu")
-        self.last_output: Any = None  # kept alive until the parent has copied it
+        self.last_output: Any = None  # held for the parent until the next request
         self.kept: dict[int, tuple[Any, float | None, int]] = {}  # call -> output, norm, seed
         self.prepared: list[tuple[list, int] | None] = []  # sets for ``clocked``, with seeds
         self.pass_plan: tuple[list, str, int] = ([], "float32", 0)  # shape, dtype, calls
@@ -90,9 +99,12 @@ class Worker:
             kind = type(out)
             return {"ok": True, "output": None,
                     "output_type": f"{kind.__module__}.{kind.__qualname__}"}
-        self.last_output = out
+        returned = _clone(out)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.last_output = (out, returned)
         aliases = any(isinstance(t, torch.Tensor) and _same_memory(out, t) for t in inputs)
-        return {"ok": True, "output": out, "aliases_input": aliases}
+        return {"ok": True, "output": out, "returned": returned, "aliases_input": aliases}
 
     def time(self, shape: list, dtype: str, timing: dict, keep: bool) -> dict:
         """Samples for one benchmark shape, each call on a set drawn from a fresh secret seed."""
@@ -107,6 +119,9 @@ class Worker:
                                          "benchmark")
         if keep:
             self.kept = {i: (out, norm, seeds[i]) for i, (out, norm) in kept.items()}
+        else:  # the reference's round: give its memory back before the other side's round
+            del kept
+            self._free()
         return answer
 
     def prepare(self, shape: list, dtype: str, calls: int) -> dict:
@@ -191,6 +206,18 @@ class Worker:
     def ping(self) -> dict:
         return {"ok": True}
 
+    def release(self) -> dict:
+        """Drop every output held for the parent and give the device memory back, so that
+        the next round, the other side's or the parent's own check, has it (a process that
+        has finished its part must not sit on a shape's worth of cached blocks)."""
+        self.last_output, self.kept, self.prepared = None, {}, []
+        self._free()
+        return {"ok": True}
+
+    def _free(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def _measure(self, call, inputs, timing: dict, stage: str) -> tuple[dict, dict]:
         self.last_output, self.kept = None, {}
         try:
@@ -199,8 +226,10 @@ class Worker:
         except BaseException as exc:
             return _error(stage, exc), {}
         finally:
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
+            self._free()
+
+
+_clone = torch.Tensor.clone  # bound before any submission is imported
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
