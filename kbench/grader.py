@@ -120,9 +120,9 @@ class _Returned:
 
 
 # Outputs are compared with their checked copies this long, at least, after the last case's
-# call returned (see Grader._recheck): a write that comes later than this after a call, with
-# no timing to follow, goes unseen.
-_SETTLE_S = 1.0
+# call returned (see Grader._recheck): a case's output written later than this after its call
+# goes unseen there (a timed call's, written while kbench looks, is caught by _verify).
+_SETTLE_S = 0.5
 
 
 def _tampered(when: str, lines: list[str]) -> Verdict:
@@ -355,10 +355,9 @@ class Grader:
                 with self._sandbox(f"{sub.name}.run.log", self._build_env(sub)) as box:
                     self._call(box, self._load_request(sub, instantiate=True),
                                self.task.limits.load_s, "load")
-                    returned = self._check(box, sub, result)
+                    self._recheck(sub, self._check(box, sub, result))
                     if self.timed:
                         self._time(box, sub, result, reference)
-                    self._recheck(sub, returned)
                 verdict = Verdict(Status.OK)
             except _Stop as stop:
                 verdict, result.failure = stop.verdict, stop.failure
@@ -448,10 +447,10 @@ class Grader:
 
     def _recheck(self, sub: Submission, returned: list[_Returned]) -> None:
         """Every case's output must still hold what it held when its call returned: a thread
-        or stream that writes it afterwards makes the check meaningless. Looked at once, at
-        the end, at least _SETTLE_S after the last call returned (the timing, when there is
-        any, takes longer), in case order: the verdict and the case it names do not depend
-        on how fast this process happened to be."""
+        or stream that writes it afterwards makes the check meaningless. Looked at once, after
+        the cases and before timing, at least _SETTLE_S after the last call returned, in case
+        order: the verdict and the case it names do not depend on how fast this process
+        happened to be (timed calls' outputs have checks of their own, see _verify)."""
         if not returned:
             return
         time.sleep(max(0.0, returned[-1].at + _SETTLE_S - time.monotonic()))

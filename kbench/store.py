@@ -147,11 +147,13 @@ class Store:
     def claim(self, run_id: int) -> None:
         """Mark run ``run_id`` as being graded by this process, until it exits (an exclusive
         lock the kernel drops even on kill -9); StoreError if another process has it, so
-        two ``--resume`` of one run never grade the same submissions twice."""
+        two ``--resume`` of one run never grade the same submissions twice. A BSD lock
+        (flock): a POSIX one would go whenever this process closed any descriptor of the file,
+        as kbench.guard's snapshot does when it reads the output folder."""
         path = self._run_lock(run_id)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
@@ -169,7 +171,7 @@ class Store:
         except FileNotFoundError:
             return False
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return True
         finally:

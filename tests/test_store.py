@@ -87,6 +87,9 @@ def test_resume_after_kill_minus_9(tmp_path, task, cache_dir, kill_after):
     assert resumed.returncode == 0, output
     assert "seed 99, timing eager, resuming run 1" in output
     assert output.count("] l2norm_slow_") == len(EXPECTED) - done  # only what was missing
+    left = len(EXPECTED) - done
+    assert f"[{left}/{left}] l2norm_slow_" in output  # progress counts what was left
+    assert done == 0 or f"has {done} result(s) stored; grading the other {left}" in output
     results = json.loads((out / "results.json").read_text())
     assert results["run_id"] == 1 and results["seed"] == 99
     assert {n: s["status"] for n, s in by_name(results).items()} == EXPECTED
@@ -109,6 +112,45 @@ def test_two_graders_on_one_folder(tmp_path, task, cache_dir):
     results = json.loads((out / "results.json").read_text())
     assert results["run_id"] in (1, 2) and len(results["submissions"]) == len(EXPECTED)
     assert not list((out / "logs").glob(".*"))
+
+
+def test_a_second_resume_of_a_run_being_graded_is_refused(tmp_path, task, cache_dir):
+    out = tmp_path / "out"
+    first = start([str(SLOW), "--task", str(task), "--seed", "7"], out, cache_dir)
+    wait_for(lambda: stored(out)[1] >= 1)
+    second = start([str(SLOW), "--task", str(task), "--resume"], out, cache_dir)
+    said = second.communicate(timeout=120)[0]
+    assert second.returncode == 2, said
+    assert "run 1" in said and f"being graded by another kbench process (pid {first.pid})" in said
+    assert first.communicate(timeout=300)[0] and first.returncode == 0
+    assert {s.name: s.status.value for s in Store(out).load_run(1).submissions} == EXPECTED
+
+
+def test_prune_keeps_the_newest_runs_and_what_they_use(tmp_path, task, capsys):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    args = [str(SLOW / "l2norm_slow_b.py"), "--task", str(task), "--force"]
+    old_build = cache / "extensions" / "l2norm_gone-0123"
+    old_build.mkdir(parents=True)
+    (old_build / "x.so").write_bytes(b"\0" * 4096)
+    os.utime(old_build, (1, 1))  # last used long before any run
+    stale_log = out / "logs" / "l2norm_renamed.run.log"
+    stale_log.parent.mkdir(parents=True)
+    stale_log.write_text("from a submission no run names any more")
+    os.utime(stale_log, (1, 1))
+    for _ in range(3):
+        assert grade(args, out, cache)[0] == 0
+    used = [p for p in (cache / "extensions").iterdir() if p != old_build]
+    capsys.readouterr()
+    assert cli.main(["prune", "--keep", "1", "--out", str(out), "--cache-dir", str(cache)]) == 0
+    said = capsys.readouterr().out
+    assert "deleted 2 run(s) (runs 1-2) and 1 log file(s)" in said, said
+    assert "deleted 1 build folder(s)" in said
+    store = Store(out)
+    assert store.latest_run_id() == 3 and [r["run"] for r in store.history("l2norm_slow_b")] == [3]
+    assert not old_build.exists() and not stale_log.exists()
+    assert all(p.exists() for p in used)
+    assert (out / "logs" / "l2norm_slow_b.run.log").exists()  # run 3 names it
+    assert cli.main(["report", "--out", str(out)]) == 0
 
 
 def test_unchanged_file_reused_changed_one_regraded(tmp_path, task, cache_dir):
