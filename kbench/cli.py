@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING
 from kbench import __version__, paths
 
 if TYPE_CHECKING:  # imported lazily at run time: `kbench --help` stays fast
+    from kbench.discovery import Submission
     from kbench.store import Store
+    from kbench.task import Task
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,11 +119,7 @@ def _fail(message: str) -> int:
 
 
 def _grade(args: argparse.Namespace) -> int:
-    import torch
-
-    from kbench import report
     from kbench.discovery import DiscoveryError, find_submissions, task_of
-    from kbench.grader import Grader, Options
     from kbench.store import Store, StoreError
     from kbench.task import TaskError, load_task
 
@@ -134,6 +132,20 @@ def _grade(args: argparse.Namespace) -> int:
         store = Store(out_dir)
     except (DiscoveryError, TaskError, StoreError) as exc:
         return _fail(str(exc))
+    try:
+        return _grade_into(store, task, submissions, out_dir, args)
+    finally:
+        store.close()  # and with it this process's claim on the run
+
+
+def _grade_into(store: Store, task: Task, submissions: list[Submission], out_dir: Path,
+                args: argparse.Namespace) -> int:
+    import torch
+
+    from kbench import report
+    from kbench.grader import Grader, Options
+    from kbench.store import StoreError
+
     settings = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch,
                 "timing": args.timing}
     seed, run_id = args.seed, None

@@ -437,6 +437,10 @@ def _refill(sets: list[list], inputs: Inputs, indices: list[int]) -> Callable[[]
     return refill
 
 
+# Outputs a clocked pass holds at once: the one kept at random, the latest, the call's new one.
+HELD_BY_A_PASS = 3
+
+
 def clocked(call: Callable[[list], object], inputs: Inputs, calls: int, device: torch.device
             ) -> dict[int, tuple[object, float | None]]:
     """``calls`` calls on ``inputs(i)``, back to back, each followed by a device-wide
