@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
                        "prefix, e.g. l2norm_v1.py -> tasks/l2norm.yaml)")
     grade.add_argument("--device", choices=["cpu", "cuda"],
                        help="where to run (default: cuda when a GPU is visible, else cpu)")
-    grade.add_argument("--out", type=Path, help="report folder (default: the checkout's reports/)")
+    _out_option(grade)
     grade.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                        help="parallel builds (default: half the cores)")
     grade.add_argument("--seed", type=int, help="run seed; shapes and values follow from it "
@@ -55,8 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument("--case", type=int, action="append", dest="cases", metavar="K",
                        help="run only correctness case K (repeatable) and skip timing; "
                        "with --seed this reproduces a reported failure")
-    grade.add_argument("--cache-dir", type=Path, help="build cache (default: $KBENCH_CACHE_DIR "
-                       "or ~/.cache/kbench)")
+    _cache_option(grade)
     grade.add_argument("--cuda-arch", help="TORCH_CUDA_ARCH_LIST for builds (default: the GPU's, "
                        "else $TORCH_CUDA_ARCH_LIST, else 9.0)")
     grade.add_argument("--timing", choices=["eager", "graph"], default="eager",
@@ -71,14 +70,13 @@ def _parser() -> argparse.ArgumentParser:
 
     show = sub.add_parser("report", help="render leaderboard.md and results.json again from "
                           "the results store, without grading")
-    show.add_argument("--out", type=Path, help="report folder (default: the checkout's reports/)")
+    _out_option(show)
     show.add_argument("--run", type=int, dest="run_id", help="run id (default: the newest)")
     show.set_defaults(handler=_report)
 
     history = sub.add_parser("history", help="a submission's stored results across runs")
     history.add_argument("name", help="submission name, e.g. l2norm_v3")
-    history.add_argument("--out", type=Path,
-                         help="report folder (default: the checkout's reports/)")
+    _out_option(history)
     history.set_defaults(handler=_history)
 
     check = sub.add_parser("doctor", help="check that this machine can build and run "
@@ -86,8 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--device", choices=["cpu", "cuda"],
                        help="the device grading would use (default: cuda when visible)")
     check.add_argument("--cuda-arch", help="TORCH_CUDA_ARCH_LIST to check builds for")
-    check.add_argument("--cache-dir", type=Path, help="build cache (default: $KBENCH_CACHE_DIR "
-                       "or ~/.cache/kbench)")
+    _cache_option(check)
     check.add_argument("--quick", action="store_true", help="only the checks kbench grade runs "
                        "at its start (skips building a CUDA extension with load_inline)")
     check.set_defaults(handler=_doctor)
@@ -96,9 +93,8 @@ def _parser() -> argparse.ArgumentParser:
                            "logs and build folders no kept run used")
     prune.add_argument("--keep", type=int, required=True, help="how many of the newest runs "
                        "to keep (runs being graded now are always kept)")
-    prune.add_argument("--out", type=Path, help="report folder (default: the checkout's reports/)")
-    prune.add_argument("--cache-dir", type=Path, help="build cache (default: $KBENCH_CACHE_DIR "
-                       "or ~/.cache/kbench)")
+    _out_option(prune)
+    _cache_option(prune)
     prune.set_defaults(handler=_prune)
 
     listing = sub.add_parser("list", help="show tasks and bundled submissions")
@@ -111,6 +107,16 @@ def _parser() -> argparse.ArgumentParser:
                      help="where to write it (default: kbench/submissions)")
     new.set_defaults(handler=_new)
     return parser
+
+
+def _out_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path,
+                        help="report folder (default: the checkout's reports/)")
+
+
+def _cache_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cache-dir", type=Path, help="build cache (default: "
+                        "$KBENCH_CACHE_DIR or ~/.cache/kbench)")
 
 
 def _fail(message: str) -> int:
