@@ -163,7 +163,11 @@ def _grade_into(store: Store, task: Task, submissions: list[Submission], out_dir
             return _fail(f"--resume: {task.path} or its reference changed since run "
                          f"{unfinished.id} started; grade anew without --resume")
         settings, seed, run_id = unfinished.options, unfinished.seed, unfinished.id
-    elif unfinished is not None:
+        try:
+            store.claim(run_id)  # at once: a second --resume is refused before any work
+        except StoreError as exc:
+            return _fail(str(exc))
+    elif unfinished is not None and not store.claimed(unfinished.id):
         print(f"note: run {unfinished.id} of {task.name} in {store.path} did not finish; "
               "`kbench grade ... --resume` continues it", flush=True)
     device = settings["device"] or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -52,6 +52,8 @@ class Check:
 
 def _toolkit_fix(tools: Toolchain) -> str:
     wanted = toolchain.torch_cuda()
+    if wanted is None:
+        return "install a CUDA build of torch (pip serves one by default on Linux)"
     return (f"pip install -e '.[cuda]' (in kbench's checkout) installs NVIDIA's nvcc for CUDA "
             f"{wanted} from PyPI, which kbench finds and prefers; or set CUDA_HOME to a CUDA "
             f"{wanted} toolkit")
@@ -59,8 +61,8 @@ def _toolkit_fix(tools: Toolchain) -> str:
 
 def _torch(device: str, tools: Toolchain) -> Check:
     if toolchain.torch_cuda() is None:
-        return Check("torch", Level.WARN, f"{torch.__version__}, a CPU-only build",
-                     "install a CUDA build of torch to grade CUDA submissions")
+        return Check("torch", Level.PROBLEM, f"{torch.__version__}, a CPU-only build: it "
+                     "cannot build CUDA extensions", _toolkit_fix(tools), blocks_cuda=True)
     return Check("torch", Level.OK,
                  f"{torch.__version__}, built for CUDA {toolchain.torch_cuda()}")
 
@@ -70,7 +72,8 @@ def _nvcc(device: str, tools: Toolchain) -> Check:
                                           for t in tools.others) if tools.others else ""
     if tools.cuda_home is None:
         level = Level.PROBLEM if device == "cuda" else Level.WARN
-        what = "no nvcc found in CUDA_HOME, NVIDIA's wheels, /usr/local/cuda or on PATH"
+        what = ("no nvcc that answers --version found in CUDA_HOME, NVIDIA's wheels, "
+                "/usr/local/cuda or on PATH")
         consequence = "" if device == "cuda" else " (CUDA submissions are skipped here)"
         return Check("nvcc", level, what + consequence + others, _toolkit_fix(tools),
                      blocks_cuda=device == "cuda")
@@ -104,22 +107,30 @@ def _ninja(device: str, tools: Toolchain) -> Check:
 
 
 def _gpus(device: str, tools: Toolchain) -> Check:
+    """Every visible GPU; free memory only where grading runs (asking opens a CUDA context,
+    which costs the GPU's memory in this process)."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
         level = Level.PROBLEM if device == "cuda" else Level.WARN
         return Check("GPU", level, "no CUDA device visible to torch (CUDA submissions are "
                      "compiled, then skipped)", "run on a machine with an NVIDIA GPU and "
                      "driver, or grade with --device cpu")
-    parts = []
+    parts, missing = [], []
+    targets = tools.arch_list.replace(";", " ").replace("+PTX", "").replace("a", "").split()
     for index in range(count):
         props = torch.cuda.get_device_properties(index)
-        free, total = torch.cuda.mem_get_info(index)
-        parts.append(f"{index}: {props.name}, compute capability {props.major}.{props.minor}, "
-                     f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free")
-    arch = f"{props.major}.{props.minor}"
+        memory = f"{props.total_memory / 2**30:.1f} GiB"
+        if device == "cuda" and index == torch.cuda.current_device():
+            free, total = torch.cuda.mem_get_info(index)
+            memory = f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free"
+        arch = f"{props.major}.{props.minor}"
+        parts.append(f"{index}: {props.name}, compute capability {arch}, {memory}")
+        if arch not in targets:
+            missing.append(arch)
     level, fix = Level.OK, ""
-    if arch not in tools.arch_list.replace("+PTX", ""):
-        level, fix = Level.WARN, f"builds target {tools.arch_list}; pass --cuda-arch {arch}"
+    if missing:
+        level, fix = Level.WARN, f"builds target {tools.arch_list}; pass --cuda-arch " \
+            f"{';'.join(sorted(set(missing)))}"
     return Check("GPU", level, f"driver {environment.driver_version() or 'unknown'}; "
                  + "; ".join(parts), fix)
 
@@ -154,11 +165,12 @@ def checks(device: str, tools: Toolchain, cache_dir: Path) -> list[Check]:
     steps: list[Callable[[], Check]] = [
         *(lambda f=f: f(device, tools) for f in (_torch, _nvcc, _host_compiler, _ninja, _gpus)),
         lambda: _compile(tools, cache_dir / "toolkits")]
-    for step in steps:
+    names = ["torch", "nvcc", "host compiler", "ninja", "GPU", "CUDA compile"]
+    for name, step in zip(names, steps, strict=True):
         try:
             found.append(step())
         except Exception as exc:  # a check that breaks is itself a finding, never a crash
-            found.append(Check("check", Level.PROBLEM, f"{exc!r}"))
+            found.append(Check(name, Level.PROBLEM, f"the check itself failed: {exc!r}"))
     return found
 
 
@@ -217,9 +229,10 @@ def extension(tools: Toolchain, cache_dir: Path) -> Check:
             return Check("CUDA extension", Level.PROBLEM, "the build took over 30 minutes")
     output = run.stdout + run.stderr
     if run.returncode != 0:
+        last = output.strip().splitlines()[-1:] or [f"exit status {run.returncode}"]
         return Check("CUDA extension", Level.PROBLEM, "load_inline failed: "
-                     + (first_error_line(output) or output.strip().splitlines()[-1:][0]),
-                     _toolkit_fix(tools), blocks_cuda=True)
+                     + (first_error_line(output) or last[0]), _toolkit_fix(tools),
+                     blocks_cuda=True)
     if "KBENCH_RAN wrong" in output:
         return Check("CUDA extension", Level.PROBLEM, "built, but ran with a wrong result",
                      "check the driver and --cuda-arch")

@@ -190,6 +190,7 @@ class Grader:
                 seed=self.opts.seed, device=self.device.type, fingerprint=fingerprint,
                 options=self.opts.resumable(), environment=env)
         store.claim(run_id)
+        store.set_problems(run_id, env["problems"])  # a resume says what it saw
         remove_stale_logs(self.logs)
         graded = store.graded_names(run_id)
         left = [sub for sub in submissions if sub.name not in graded]

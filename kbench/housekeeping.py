@@ -20,6 +20,7 @@ from kbench.store import Store
 def prune(store: Store, out_dir: Path, cache_dir: Path, keep: int) -> str:
     """Keep the newest ``keep`` runs (and any being graded now); say what went."""
     gone, oldest = store.prune(keep)
+    # With no run kept, nothing is in use: every log and build folder goes.
     since = datetime.fromisoformat(oldest).timestamp() if oldest else float("inf")
     named = store.logs_in_use()
     logs = [p for p in sorted((out_dir / "logs").glob("*.log"))
@@ -39,8 +40,9 @@ def prune(store: Store, out_dir: Path, cache_dir: Path, keep: int) -> str:
         size = sum(f.stat().st_size for p in folders for f in p.rglob("*") if f.is_file())
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
-        lines.append(f"deleted {len(folders)} build folder(s) ({size / 2**20:.0f} MiB) not used "
-                     f"since the oldest kept run started, from {cache_dir / 'extensions'}")
+        why = "not used since the oldest kept run started" if oldest else "(no run is kept)"
+        lines.append(f"deleted {len(folders)} build folder(s) ({size / 2**20:.0f} MiB) {why}, "
+                     f"from {cache_dir / 'extensions'}")
     finally:
         presence.close()
     return "\n".join(lines)

@@ -84,7 +84,7 @@ class Store:
         self.path = folder / FILENAME
         self._check_is_ours()
         self.presence = Presence(folder)  # other kbench processes see this one (kbench.guard)
-        self._claims: list[int] = []  # descriptors of the run locks this process holds
+        self._claims: dict[int, int] = {}  # run id -> descriptor of its lock, held here
         self.db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_MS / 1000,
                                   isolation_level=None)
         try:
@@ -138,8 +138,9 @@ class Store:
     def close(self) -> None:
         self.db.close()
         self.presence.close()
-        for fd in self._claims:
+        for fd in self._claims.values():
             os.close(fd)
+        self._claims.clear()
 
     def _run_lock(self, run_id: int) -> Path:
         return self.path.with_name(f".kbench-run-{run_id}.lock")
@@ -150,6 +151,8 @@ class Store:
         two ``--resume`` of one run never grade the same submissions twice. A BSD lock
         (flock): a POSIX one would go whenever this process closed any descriptor of the file,
         as kbench.guard's snapshot does when it reads the output folder."""
+        if run_id in self._claims:
+            return
         path = self._run_lock(run_id)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -162,7 +165,7 @@ class Store:
                              "without --resume") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._claims.append(fd)
+        self._claims[run_id] = fd
 
     def claimed(self, run_id: int) -> bool:
         """Is another process grading run ``run_id`` now?"""
@@ -223,8 +226,17 @@ class Store:
                  result.reused_from_run, json.dumps(result.to_dict())))
 
     def graded_names(self, run_id: int) -> set[str]:
-        rows = self.db.execute("SELECT name FROM results WHERE run_id = ?", (run_id,))
+        """Submissions of the run that need no grading again: all but those the machine could
+        not grade (environment_error), which a resume on a mended machine grades again."""
+        rows = self.db.execute("SELECT name FROM results WHERE run_id = ? AND status != ?",
+                               (run_id, Status.ENVIRONMENT_ERROR.value))
         return {r[0] for r in rows}
+
+    def set_problems(self, run_id: int, problems: list[str]) -> None:
+        """The environment problems seen by the latest process to grade the run."""
+        with self._write():
+            self.db.execute("UPDATE runs SET environment = json_set(environment, '$.problems', "
+                            "json(?)) WHERE id = ?", (json.dumps(problems), run_id))
 
     def reusable(self, sha256: str, task_hash: str, kbench_version: str, fingerprint: str,
                  timing: str) -> tuple[int, SubmissionResult] | None:
@@ -232,12 +244,14 @@ class Store:
         mode, if any.
 
         Results that kbench or the machine failed to produce (internal_error,
-        environment_error) are never reused.
+        environment_error) are never reused, nor correct ones left without a speedup (the
+        reference could not be timed alongside).
         """
         row = self.db.execute(
             "SELECT r.run_id, r.data FROM results r JOIN runs u ON u.id = r.run_id "
             "WHERE r.sha256 = ? AND u.task_hash = ? AND u.kbench_version = ? "
             "AND u.fingerprint = ? AND r.status NOT IN (?, ?) AND r.reused_from IS NULL "
+            "AND NOT (r.status = 'ok' AND r.speedup IS NULL) "
             "AND json_extract(u.options, '$.case_indices') IS NULL "
             "AND json_extract(u.options, '$.timing') = ? "
             "ORDER BY r.run_id DESC LIMIT 1",

@@ -28,6 +28,9 @@ import torch
 
 from kbench.build import first_error_line
 
+# Where a system-wide toolkit lives when CUDA_HOME does not say.
+SYSTEM_HOMES = ("/usr/local/cuda",)
+
 # Used when no GPU is visible and TORCH_CUDA_ARCH_LIST is unset: the Hopper GPUs kbench is
 # calibrated on. Builds still prove that a kernel compiles; they just cannot run here.
 DEFAULT_CUDA_ARCH = "9.0"
@@ -92,7 +95,8 @@ def find_toolchain(arch: str | None = None, links_dir: Path | None = None) -> To
         return Toolchain(None, None, arch_list, others=tuple(found))
     best = ranked[0]
     return Toolchain(best.home, best.version, arch_list, _missing_headers(best.home),
-                     origin=best.origin, library_dirs=_link_names(best.home, links_dir),
+                     origin=best.origin,
+                     library_dirs=_link_names(best.home, best.version, links_dir),
                      others=tuple(t for t in found if t != best))
 
 
@@ -102,7 +106,7 @@ def _toolkits() -> list[Toolkit]:
         if os.environ.get(var):
             homes.append((os.environ[var], var))
     homes += [(str(nvcc.parent.parent), "NVIDIA's nvcc wheel") for nvcc in _wheel_nvccs()]
-    homes.append(("/usr/local/cuda", "/usr/local/cuda"))
+    homes += [(home, home) for home in SYSTEM_HOMES]
     if nvcc := shutil.which("nvcc"):
         homes.append((str(Path(nvcc).resolve().parent.parent), "PATH"))
     seen, found = set(), []
@@ -138,14 +142,17 @@ def _missing_headers(cuda_home: str) -> tuple[str, ...]:
                         if (d / "cusparse.h").exists()))
 
 
-def _link_names(cuda_home: str, links_dir: Path | None) -> tuple[str, ...]:
+def _link_names(cuda_home: str, version: str | None, links_dir: Path | None
+                ) -> tuple[str, ...]:
     """NVIDIA's wheels ship libcudart.so.13 but not the libcudart.so that torch's link line
     (-lcudart) asks for: make that name in a folder of kbench's own, for LIBRARY_PATH."""
     home = Path(cuda_home)
     if any((home / lib / "libcudart.so").exists() for lib in ("lib64", "lib")):
         return ()
-    versioned = sorted((home / "lib").glob("libcudart.so.*")) + \
-        sorted(p for root in _wheel_roots() for p in root.glob("*/lib/libcudart.so.*"))
+    major = (version or "").split(".")[0]
+    pattern = f"libcudart.so.{major}*"  # the runtime of the toolkit's own release
+    versioned = sorted((home / "lib").glob(pattern)) + \
+        sorted(p for root in _wheel_roots() for p in root.glob(f"*/lib/{pattern}"))
     if not versioned or links_dir is None:
         return ()
     folder = links_dir / hashlib.sha256(str(versioned[0]).encode()).hexdigest()[:16]
@@ -215,14 +222,17 @@ def probe(tools: Toolchain, marks: Path | None = None) -> str | None:
     std = "-std=c++20" if "-std=c++20" in Path(cpp_extension.__file__).read_text() \
         else "-std=c++17"
     # torch's own folders, then the toolkit's, in cpp_extension's order (its "cuda" list
-    # names the CUDA_HOME this process found, which need not be the chosen one)
+    # names the CUDA_HOME this process found, which need not be the chosen one); like it,
+    # never /usr/include, which breaks the C++ library's #include_next
     includes = [*cpp_extension.include_paths("cpu"), str(Path(tools.cuda_home) / "include")]
+    includes = [i for i in includes if i != "/usr/include"]
     command = [str(Path(tools.cuda_home) / "bin" / "nvcc"), std, "-c", "-o", "probe.o",
                f"-gencode=arch=compute_{arch},code=sm_{arch}",
                *cpp_extension.COMMON_NVCC_FLAGS, *(f for i in includes for f in ("-isystem", i)),
                "probe.cu"]
     env = {**os.environ, **tools.env()}
-    key = hashlib.sha256("\0".join([*command, _PROBE, torch.__version__,
+    key = hashlib.sha256("\0".join([*command, _PROBE, torch.__version__, str(tools.nvcc_version),
+                                    os.path.realpath(command[0]),
                                     *(env.get(k, "") for k in ("CPATH", "PATH"))]).encode())
     mark = marks / f"probe-{key.hexdigest()[:16]}.ok" if marks else None
     if mark is not None and mark.exists():

@@ -262,3 +262,11 @@ def test_reuse_needs_same_kbench_task_and_software(tmp_path):
     for key, value in (("torch", "2.12.0"), ("device_name", "NVIDIA H100"), ("driver", "590")):
         assert store.reusable("abc", "t1", "0.1.0", fingerprint({**env, key: value}),
                               "eager") is None
+    # Not reused: what the machine could not grade, and a correct result with no speedup
+    # (the reference failed alongside it); a resume grades the first again.
+    for name, sha, status, speedup in (("l2norm_env", "e", Status.ENVIRONMENT_ERROR, None),
+                                       ("l2norm_nospeed", "n", Status.OK, None)):
+        store.add_result(run_id, SubmissionResult(name=name, path="y.py", sha256=sha,
+                                                  status=status, speedup=speedup))
+        assert store.reusable(sha, "t1", "0.1.0", fp, "eager") is None
+    assert store.graded_names(run_id) == {"l2norm_x", "l2norm_nospeed"}

@@ -59,17 +59,22 @@ def test_a_toolkit_matching_torch_is_preferred_over_cuda_home(tmp_path, monkeypa
 def test_without_a_match_the_same_major_release_wins(tmp_path, monkeypatch, fresh_toolchain):
     monkeypatch.setattr(toolchain, "torch_cuda", lambda: "13.2")
     monkeypatch.setattr(toolchain, "_wheel_nvccs", lambda: [])
+    monkeypatch.setattr(toolchain, "SYSTEM_HOMES", ())  # this machine's own toolkit aside
     monkeypatch.setenv("CUDA_HOME", str(fake_toolkit(tmp_path / "old", "12.8")))
     monkeypatch.setenv("PATH", str(fake_toolkit(tmp_path / "path", "13.0") / "bin"))
     tools = find_toolchain("9.0")
-    if Path("/usr/local/cuda/bin/nvcc").exists():  # a real one may match better
-        assert tools.nvcc_version.startswith("13.")
-    else:
-        assert tools.cuda_home == str(tmp_path / "path")
+    assert tools.cuda_home == str(tmp_path / "path") and tools.origin == "PATH"
     check = doctor._nvcc("cuda", tools)
     assert check.level is doctor.Level.WARN and "pip install -e '.[cuda]'" in check.fix
     major = doctor._nvcc("cuda", toolchain.Toolchain(str(tmp_path / "old"), "12.8", "9.0"))
     assert major.level is doctor.Level.PROBLEM and major.blocks_cuda
+
+
+def test_a_cpu_only_torch_cannot_build_cuda(monkeypatch):
+    monkeypatch.setattr(toolchain, "torch_cuda", lambda: None)
+    check = doctor._torch("cpu", toolchain.Toolchain("/usr/local/cuda", "13.0", "9.0"))
+    assert check.level is doctor.Level.PROBLEM and check.blocks_cuda
+    assert "None" not in check.fix and "CUDA build of torch" in check.fix
 
 
 def test_no_toolkit_is_a_problem_only_where_cuda_would_run(fresh_toolchain):
@@ -77,7 +82,7 @@ def test_no_toolkit_is_a_problem_only_where_cuda_would_run(fresh_toolchain):
     assert doctor._nvcc("cpu", none).level is doctor.Level.WARN
     on_gpu = doctor._nvcc("cuda", none)
     assert on_gpu.level is doctor.Level.PROBLEM and on_gpu.blocks_cuda
-    assert "no nvcc found" in doctor.blocking([on_gpu])
+    assert "no nvcc that answers --version found" in doctor.blocking([on_gpu])
 
 
 def test_probe_reports_the_compiler_s_first_error(tmp_path):

@@ -91,17 +91,18 @@ class Worker:
         try:
             with torch.no_grad():
                 out = self.model(*inputs)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
+                if type(out) is not torch.Tensor:
+                    kind = type(out)
+                    return {"ok": True, "output": None,
+                            "output_type": f"{kind.__module__}.{kind.__qualname__}"}
+                out = _detach(out)  # a tensor that requires grad cannot cross the channel
+                returned = _clone(out)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
         except BaseException as exc:
             return _error("run", exc)
-        if type(out) is not torch.Tensor:
-            kind = type(out)
-            return {"ok": True, "output": None,
-                    "output_type": f"{kind.__module__}.{kind.__qualname__}"}
-        returned = _clone(out)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
         self.last_output = (out, returned)
         aliases = any(isinstance(t, torch.Tensor) and _same_memory(out, t) for t in inputs)
         return {"ok": True, "output": out, "returned": returned, "aliases_input": aliases}
@@ -234,7 +235,7 @@ class Worker:
             self._free()
 
 
-_clone = torch.Tensor.clone  # bound before any submission is imported
+_clone, _detach = torch.Tensor.clone, torch.Tensor.detach  # bound before any submission
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
