@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,8 +46,11 @@ def main() -> int:
             results = json.loads((out / "results.json").read_text())
             for sub in results["submissions"]:
                 seen[sub["name"]].append(sub["status"])
+            moved = sorted(name for name, verdicts in seen.items() if len(set(verdicts)) > 1)
             print(f"run {run + 1}/{args.runs}: seed {results['seed']}, "
-                  f"{time.monotonic() - start:.0f} s", flush=True)
+                  f"{time.monotonic() - start:.0f} s, {len(seen)} submissions, verdicts moved "
+                  f"so far: {', '.join(moved) or 'none'}", flush=True)
+            shutil.rmtree(out)
     moved = {name: verdicts for name, verdicts in seen.items() if len(set(verdicts)) > 1}
     for name, verdicts in sorted(moved.items()):
         counts = {v: verdicts.count(v) for v in sorted(set(verdicts))}
