@@ -189,7 +189,10 @@ def test_launch_bound_shapes_take_each_round_in_a_process_of_its_own(tmp_path, c
                            "--device", "cpu", "--seed", "5"], out, cache_dir)
     sub = results["submissions"][0]
     assert code == 0 and sub["status"] == "ok" and sub["speedup"] > 0, sub["reason"]
-    assert sub["benchmarks"][0]["candidate"]["trusted_ms"] > 0  # still in the first process
+    # kbench's own clock still ran, in the first process. Its figure is the full pass less
+    # the empty one, floored at 0: for a 0.05 ms call on a loaded 2-core machine the empty
+    # pass's noise can exceed the calls (seen in a clean-clone CI run), so only >= 0 holds.
+    assert sub["benchmarks"][0]["candidate"]["trusted_ms"] >= 0
     logs = sorted(p.name for p in (out / "logs").glob("*round*"))
     assert logs == sorted([f"l2norm_torch_ok.round{r}.log" for r in range(2, 9)]
                           + [f"reference.round{r}.run.log" for r in range(2, 9)])
