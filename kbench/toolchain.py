@@ -122,11 +122,7 @@ def _toolkits() -> list[Toolkit]:
 def _wheel_nvccs() -> list[Path]:
     """nvcc from NVIDIA's PyPI wheels in this environment (nvidia/cu13/bin/nvcc for CUDA 13,
     nvidia/cuda_nvcc/bin/nvcc for CUDA 12)."""
-    try:
-        import nvidia  # the namespace package of NVIDIA's wheels
-    except ImportError:
-        return []
-    return sorted(nvcc for root in nvidia.__path__ for nvcc in Path(root).glob("*/bin/nvcc"))
+    return sorted(nvcc for root in _wheel_roots() for nvcc in root.glob("*/bin/nvcc"))
 
 
 def _missing_headers(cuda_home: str) -> tuple[str, ...]:
@@ -134,11 +130,7 @@ def _missing_headers(cuda_home: str) -> tuple[str, ...]:
     libraries' headers (a compiler-only install): ATen/cuda/CUDAContext.h needs cusparse.h."""
     if (Path(cuda_home) / "include" / "cusparse.h").exists():
         return ()
-    try:
-        import nvidia
-    except ImportError:
-        return ()
-    return tuple(sorted(str(d) for root in nvidia.__path__ for d in Path(root).glob("*/include")
+    return tuple(sorted(str(d) for root in _wheel_roots() for d in root.glob("*/include")
                         if (d / "cusparse.h").exists()))
 
 
@@ -167,6 +159,7 @@ def _link_names(cuda_home: str, version: str | None, links_dir: Path | None
 
 
 def _wheel_roots() -> list[Path]:
+    """The folders of the ``nvidia`` namespace package NVIDIA's wheels install into."""
     try:
         import nvidia
     except ImportError:
