@@ -13,7 +13,6 @@ are for the parent to notice.
   clocked  {empty}                     -> {calls, kept}  (the calls, over fresh input sets)
   outputs  {calls}                     -> {outputs: [{call, seed, output, output_type, norm}]}
   copy     {nbytes, timing}            -> {samples}  (the copy-bandwidth yardstick)
-  ping     {}                          -> {}  (a round trip: the previous request is over)
   release  {}                          -> {}  (drop every output held for the parent, free the
                                           device memory they took)
   exit
@@ -208,9 +207,6 @@ class Worker:
 
         return self._measure(lambda args: args[1].copy_(args[0]), inputs,
                              {**timing, "mode": "eager"}, "copy bandwidth")[0]
-
-    def ping(self) -> dict:
-        return {"ok": True}
 
     def release(self) -> dict:
         """Drop every output held for the parent and give the device memory back, so that
