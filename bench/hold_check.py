@@ -14,7 +14,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from kbench.worker import timing
+from kbench.worker import hold
 
 
 def main() -> None:
@@ -22,7 +22,7 @@ def main() -> None:
     torch.cuda.synchronize()
     cuda = ctypes.CDLL("libcuda.so.1")
     module, func = ctypes.c_void_p(), ctypes.c_void_p()
-    assert cuda.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(timing._SPIN_PTX)) == 0
+    assert cuda.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(hold._SPIN_PTX)) == 0
     assert cuda.cuModuleGetFunction(ctypes.byref(func), module, b"kbench_spin") == 0
     regs, blocks = ctypes.c_int(), ctypes.c_int()
     cuda.cuFuncGetAttribute(ctypes.byref(regs), 4, func)  # CU_FUNC_ATTRIBUTE_NUM_REGS
@@ -32,7 +32,7 @@ def main() -> None:
     print(f"{props.name}: {props.multi_processor_count} SMs x "
           f"{props.max_threads_per_multi_processor} threads; hold kernel: {regs.value} "
           f"registers a thread, {blocks.value} blocks of 1024 threads per SM")
-    spin = timing._spin_all_sms(device)
+    spin = hold._spin_all_sms(device)
     x = torch.randn(8192, 8192, device=device)
     side = torch.cuda.Stream()
     for trial in range(6):

@@ -10,24 +10,24 @@ import math
 import random
 from dataclasses import dataclass
 
-from kbench.results import shape_text
-from kbench.task import Task
+from kbench.results import params_text
+from kbench.task import Params, Task
 
 
 @dataclass(frozen=True)
 class Case:
     index: int
-    shape: tuple[int, ...]
+    params: Params
     dtype: str
     distribution: str
     seed: int
 
     def describe(self) -> str:
-        return (f"case {self.index} ({shape_text(self.shape)} {self.dtype} {self.distribution}, "
+        return (f"case {self.index} ({params_text(self.params)} {self.dtype} {self.distribution}, "
                 f"seed {self.seed})")
 
     def to_dict(self) -> dict:
-        return {"index": self.index, "shape": list(self.shape), "dtype": self.dtype,
+        return {"index": self.index, "params": dict(self.params), "dtype": self.dtype,
                 "distribution": self.distribution, "seed": self.seed}
 
 
@@ -36,15 +36,18 @@ def plan_cases(task: Task, run_seed: int) -> list[Case]:
     spec = task.correctness
     rng = random.Random(run_seed)
     drafts = []
-    for i, shape in enumerate(spec.fixed_shapes):
-        drafts.append((shape, task.dtypes[0], spec.distributions[i % len(spec.distributions)]))
+    for i, params in enumerate(spec.fixed_shapes):
+        drafts.append((dict(params), task.dtypes[0],
+                       spec.distributions[i % len(spec.distributions)]))
     for i in range(spec.random_cases):
-        shape = _random_shape(rng, spec.random_shape, spec.max_elements)
+        sizes = _random_shape(rng, spec.random_shape, spec.max_elements)
         dtype = task.dtypes[i % len(task.dtypes)]
-        drafts.append((shape, dtype, spec.distributions[i % len(spec.distributions)]))
+        drafts.append((dict(zip(task.parameters, sizes, strict=True)), dtype,
+                       spec.distributions[i % len(spec.distributions)]))
     drafts.sort(key=lambda d: task.dtypes.index(d[1]))  # stable: keeps fixed shapes first
-    return [Case(index=i, shape=shape, dtype=dtype, distribution=dist, seed=rng.getrandbits(62))
-            for i, (shape, dtype, dist) in enumerate(drafts)]
+    return [Case(index=i, params=params, dtype=dtype, distribution=dist,
+                 seed=rng.getrandbits(62))
+            for i, (params, dtype, dist) in enumerate(drafts)]
 
 
 def _random_shape(rng: random.Random, ranges: tuple[tuple[int, int], ...],
@@ -61,11 +64,15 @@ def _log_uniform_int(rng: random.Random, lo: int, hi: int) -> int:
     return min(max(value, lo), hi)
 
 
+class CaseError(ValueError):
+    """``--case`` names a case the plan does not have."""
+
+
 def select(cases: list[Case], indices: list[int] | None) -> list[Case]:
-    """The cases named by ``--case``; raises ValueError for an index the plan does not have."""
+    """The cases named by ``--case``; raises CaseError for an index the plan does not have."""
     if not indices:
         return cases
     missing = [i for i in indices if not 0 <= i < len(cases)]
     if missing:
-        raise ValueError(f"--case {missing[0]}: this run has cases 0..{len(cases) - 1}")
+        raise CaseError(f"--case {missing[0]}: this run has cases 0..{len(cases) - 1}")
     return [cases[i] for i in sorted(set(indices))]

@@ -148,8 +148,9 @@ def _grade_into(store: Store, task: Task, submissions: list[Submission], out_dir
                 args: argparse.Namespace) -> int:
     import torch
 
-    from kbench import report
-    from kbench.grader import Grader, Options
+    from kbench import grader, report
+    from kbench.cases import CaseError
+    from kbench.grading.options import Options, OptionsError
     from kbench.store import StoreError
 
     settings = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch,
@@ -173,26 +174,26 @@ def _grade_into(store: Store, task: Task, submissions: list[Submission], out_dir
     device = settings["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         return _fail("--device cuda: no CUDA device is visible to torch here")
-    timing = settings.get("timing", "eager")
-    if timing == "graph" and device != "cuda":
-        return _fail("--timing graph: CUDA graphs need --device cuda")
     seed = seed if seed is not None else secrets.randbits(31)
-    options = Options(device=device, out_dir=out_dir, jobs=args.jobs, seed=seed,
-                      cache_dir=(args.cache_dir or paths.default_cache_dir()).resolve(),
-                      case_indices=settings["case_indices"], cuda_arch=settings["cuda_arch"],
-                      timing=timing)
+    try:
+        options = Options(device=device, out_dir=out_dir, jobs=args.jobs, seed=seed,
+                          cache_dir=(args.cache_dir or paths.default_cache_dir()).resolve(),
+                          case_indices=settings["case_indices"],
+                          cuda_arch=settings["cuda_arch"],
+                          timing=settings.get("timing", "eager"))
+    except OptionsError as exc:
+        return _fail(str(exc))
     resuming = f", resuming run {run_id}" if run_id else ""
     print(f"kbench {__version__}: task {task.name}, {len(submissions)} submission(s), "
-          f"device {device}, seed {seed}, timing {timing}{resuming}", flush=True)
+          f"device {device}, seed {seed}, timing {options.timing.value}{resuming}", flush=True)
     try:
-        grader = Grader(task, options, say=lambda line: print(line, flush=True))
-    except ValueError as exc:
-        return _fail(str(exc))
-    try:
-        run_id = grader.grade(submissions, store, run_id=run_id, force=args.force,
+        run_id = grader.grade(task, options, submissions, store, run_id=run_id, force=args.force,
                               on_result=lambda r, i, n: print(report.progress_line(r, i, n),
-                                                              flush=True))
+                                                              flush=True),
+                              say=lambda line: print(line, flush=True))
     except StoreError as exc:
+        return _fail(str(exc))
+    except CaseError as exc:
         return _fail(str(exc))
     return _render(store, run_id, out_dir, logs=True)
 

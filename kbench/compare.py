@@ -9,8 +9,6 @@ import torch
 
 from kbench.task import Tolerance
 
-_vector_norm = torch.linalg.vector_norm  # bound before any submission could replace it
-
 
 @dataclass(frozen=True)
 class Comparison:
@@ -112,21 +110,3 @@ def identical(a: torch.Tensor, b: torch.Tensor) -> bool:
     if not a.is_floating_point():
         return torch.equal(a, b)
     return bool(((a == b) | (a.isnan() & b.isnan())).all())
-
-
-def fingerprint(output: object) -> float | None:
-    """The L2 norm of a floating-point tensor (NaN where any value is NaN), computed without
-    a temporary copy; None for anything else. The worker takes it as a timed call returns;
-    the parent takes it again later: a difference means the output was still being written."""
-    if type(output) is not torch.Tensor or not output.is_floating_point():
-        return None
-    return float(_vector_norm(output.detach()))
-
-
-def same_fingerprint(now: float | None, then: float) -> bool:
-    """Equal up to the rounding of a reduction run with another thread count (CPU)."""
-    if now is None:
-        return False
-    if math.isnan(now) or math.isnan(then):
-        return math.isnan(now) and math.isnan(then)
-    return abs(now - then) <= 1e-5 * max(abs(now), abs(then)) or now == then

@@ -1,7 +1,8 @@
-"""The trusted side of timing: check the samples a worker sent, summarise them, divide them.
+"""The trusted side of timing: summarise the samples a worker sent, divide them.
 
-A worker's answer is data from a process that may run candidate code, so every field is
-checked before a figure is made from it. Medians and intervals come from kbench.stats.
+The samples were checked as they were decoded (kbench.protocol.Samples.from_wire): a worker's
+answer is data from a process that may run candidate code. Medians and intervals come from
+kbench.stats.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import math
 import statistics
 
 from kbench import stats
+from kbench.protocol import Samples
 from kbench.results import Benchmark, Measurement, SubmissionResult
 
-_LISTS = ("ms", "after_ms", "idle_ms", "host_ms", "sm_mhz", "mem_mhz", "slowed")
 # Work a call leaves on other streams is charged to it when the device typically (median over
 # samples) stays busy after the call's stream is done, beyond what a probe with no side work
 # sees right after the call, for longer than this and longer than this share of the call:
@@ -25,50 +26,30 @@ UNORDERED_MS = 0.05
 UNORDERED_SHARE = 0.25
 
 
-class BadSamples(ValueError):
-    """The worker's timing answer is not what kbench's stopwatch sends."""
-
-
-def check(samples: object) -> dict:
-    """``samples`` if it is a well-formed ``Samples`` dict from a worker; else BadSamples."""
-    if not isinstance(samples, dict) or not all(isinstance(samples.get(k), list)
-                                                for k in _LISTS):
-        raise BadSamples("the worker sent no sample lists")
-    ms = samples["ms"]
-    if not ms or not all(type(v) is float and math.isfinite(v) and v > 0 for v in ms):
-        raise BadSamples("the worker sent no valid timings")
-    if any(len(samples[k]) != len(ms) for k in _LISTS):
-        raise BadSamples("the worker's sample lists differ in length")
-    if not all(type(v) is float and math.isfinite(v)
-               for k in ("after_ms", "idle_ms", "host_ms") for v in samples[k]):
-        raise BadSamples("the worker sent invalid device-busy or host times")
-    return samples
-
-
-def summarise(rounds: list[dict], nbytes: int | None) -> Measurement:
+def summarise(rounds: list[Samples], nbytes: int | None) -> Measurement:
     """One Measurement over one or more checked rounds of samples of the same thing.
 
     ``nbytes`` is the traffic one call must move at least (for GB/s); None for no GB/s.
     """
-    ms = [v for r in rounds for v in r["ms"]]
-    after = [a - i for r in rounds for a, i in zip(r["after_ms"], r["idle_ms"], strict=True)]
+    ms = [v for r in rounds for v in r.ms]
+    after = [a - i for r in rounds for a, i in zip(r.after_ms, r.idle_ms, strict=True)]
     side = statistics.median(after)
     charged = side > max(SIDE_WORK_MS, SIDE_WORK_SHARE * statistics.median(ms))
     if charged:
         ms = [v + max(0.0, a) for v, a in zip(ms, after, strict=True)]
     est = stats.estimate(ms)
-    max_sm = [r.get("max_sm_mhz") for r in rounds if _number(r.get("max_sm_mhz"))]
+    max_sm = [r.max_sm_mhz for r in rounds if _number(r.max_sm_mhz)]
     return Measurement(
         ms=est.median, ci=[est.low, est.high], samples=est.samples,
         gbps=nbytes / (est.median * 1e-3) / 1e9 if nbytes else None,
         side_work_ms=side if charged else None,
-        host_ms=statistics.median(v for r in rounds for v in r["host_ms"]),
-        sm_mhz=_median([v for r in rounds for v in r["sm_mhz"]]),
-        mem_mhz=_median([v for r in rounds for v in r["mem_mhz"]]),
+        host_ms=statistics.median(v for r in rounds for v in r.host_ms),
+        sm_mhz=_median([v for r in rounds for v in r.sm_mhz]),
+        mem_mhz=_median([v for r in rounds for v in r.mem_mhz]),
         max_sm_mhz=max_sm[0] if max_sm else None,
-        slowed=sum(1 for r in rounds for v in r["slowed"] if v is True),
-        l2_reset=all(r.get("persisting_l2_reset") is not False for r in rounds),
-        exclusive_hold=_all_true([r.get("exclusive_hold") for r in rounds]))
+        slowed=sum(1 for r in rounds for v in r.slowed if v is True),
+        l2_reset=all(r.persisting_l2_reset is not False for r in rounds),
+        exclusive_hold=_all_true([r.exclusive_hold for r in rounds]))
 
 
 def _number(value: object) -> bool:

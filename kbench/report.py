@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from tabulate import tabulate
 
-from kbench.results import Benchmark, Measurement, RunResult, SubmissionResult, shape_text
+from kbench.results import Benchmark, Measurement, RunResult, SubmissionResult, params_text
 from kbench.verdict import Status
 
 _CLOCK = {
@@ -41,7 +42,7 @@ def progress_line(result: SubmissionResult, index: int, total: int) -> str:
 
 
 def _shape(b: Benchmark) -> str:
-    return shape_text(b.shape)
+    return params_text(b.params)
 
 
 def _ms(m: Measurement | None) -> str:
@@ -83,10 +84,33 @@ def _launch_bound(run: RunResult) -> set[str]:
 
 
 def leaderboard(run: RunResult) -> str:
+    bound = _launch_bound(run)
+
+    def shape_name(b: Benchmark) -> str:
+        return _shape(b) + (" †" if _shape(b) in bound else "")
+
+    lines = [f"# kbench leaderboard: {run.task}", "", *_header(run, bound)]
+    if run.reference:
+        lines += ["", "## Reference", "", _reference_table(run, shape_name)]
+    lines += ["", "## Ranked", "", _ranked_table(run, shape_name)]
+    failed = [s for s in run.submissions if s.status is not Status.OK]
+    if failed:
+        lines += ["", "## Not ranked", "",
+                  tabulate([[s.name, s.status.value, f"{s.cases_passed}/{s.cases_total}",
+                             _one_line(s.reason), _labels(s)] for s in failed],
+                           headers=["submission", "verdict", "cases", "reason", "flags"],
+                           tablefmt="github"),
+                  "", "Full compiler and run output: logs/NAME.build.log and logs/NAME.run.log "
+                  "beside this file; `kbench grade FILE --seed S --case K` (in results.json "
+                  "under failure.reproduce) repeats a failing case."]
+    return "\n".join(lines) + "\n"
+
+
+def _header(run: RunResult, bound: set[str]) -> list[str]:
+    """The machine, the run, how it was timed, and every note."""
     env = run.environment
     device = env.get("device_name", env.get("device"))
-    bound = _launch_bound(run)
-    lines = [f"# kbench leaderboard: {run.task}", ""]
+    lines = []
     if env.get("problems"):
         lines += ["**This machine has environment problems** (`kbench doctor` checks again; "
                   "submissions they prevented are `environment_error`, not their fault):", "",
@@ -126,55 +150,41 @@ def leaderboard(run: RunResult) -> str:
                      "not wait for the caller's could run before the start event (kbench's "
                      "own clock still bounds it)")
     lines += [f"- note: {note}" for note in run.notes]
+    return lines
 
-    def shape_name(b: Benchmark) -> str:
-        return _shape(b) + (" †" if _shape(b) in bound else "")
 
-    if run.reference:
-        lines += ["", "## Reference", "",
-                  tabulate([[shape_name(b), b.dtype, _ms(b.reference),
-                             _interval(b.reference and b.reference.ci),
-                             b.reference.samples if b.reference else 0,
-                             _bandwidth(b.reference, run.copy_gbps),
-                             f"{_ms(b.reference_start)} / {_ms(b.reference_end)}",
-                             _ms(b.compiled), _clocks(b.reference),
-                             b.skipped or (f"drifted: {b.drift}" if b.drift else "")]
-                            for b in run.reference],
-                           headers=["shape", "dtype", "median", "95% interval (ms)", "samples",
-                                    "achieved", "start / end", "torch.compile",
-                                    "SM/mem MHz", "note"], tablefmt="github")]
+def _reference_table(run: RunResult, shape_name: Callable[[Benchmark], str]) -> str:
+    return tabulate([[shape_name(b), b.dtype, _ms(b.reference),
+                      _interval(b.reference and b.reference.ci),
+                      b.reference.samples if b.reference else 0,
+                      _bandwidth(b.reference, run.copy_gbps),
+                      f"{_ms(b.reference_start)} / {_ms(b.reference_end)}",
+                      _ms(b.compiled), _clocks(b.reference),
+                      b.skipped or (f"drifted: {b.drift}" if b.drift else "")]
+                     for b in run.reference],
+                    headers=["shape", "dtype", "median", "95% interval (ms)", "samples",
+                             "achieved", "start / end", "torch.compile", "SM/mem MHz", "note"],
+                    tablefmt="github")
 
+
+def _ranked_table(run: RunResult, shape_name: Callable[[Benchmark], str]) -> str:
     ranked = _ranked(run)
+    if not ranked:
+        return "No submission passed every correctness case."
     names = {_shape(b): shape_name(b) for b in run.reference}
     shapes = list(dict.fromkeys(_shape(b) for s in ranked for b in s.benchmarks))
-    lines += ["", "## Ranked", ""]
-    if ranked:
-        rows = []
-        for rank, sub in enumerate(ranked, 1):
-            cells = {_shape(b): (f"{_speedup(b.speedup, b.speedup_ci)}, {_ms(b.candidate)}, "
-                                 f"{_bandwidth(b.candidate, run.copy_gbps)}" if b.speedup
-                                 else f"skipped: {b.skipped}") for b in sub.benchmarks}
-            rows.append([rank, sub.name, _speedup(sub.speedup, sub.speedup_ci),
-                         _speedup(sub.compile_speedup, sub.compile_speedup_ci),
-                         f"{sub.cases_passed}/{sub.cases_total}",
-                         *(cells.get(s, "-") for s in shapes), _labels(sub)])
-        lines.append(tabulate(rows, headers=["#", "submission", "speedup", "vs compile",
-                                             "cases", *(names.get(s, s) for s in shapes),
-                                             "flags"], tablefmt="github"))
-    else:
-        lines.append("No submission passed every correctness case.")
-
-    failed = [s for s in run.submissions if s.status is not Status.OK]
-    if failed:
-        lines += ["", "## Not ranked", "",
-                  tabulate([[s.name, s.status.value, f"{s.cases_passed}/{s.cases_total}",
-                             _one_line(s.reason), _labels(s)] for s in failed],
-                           headers=["submission", "verdict", "cases", "reason", "flags"],
-                           tablefmt="github"),
-                  "", "Full compiler and run output: logs/NAME.build.log and logs/NAME.run.log "
-                  "beside this file; `kbench grade FILE --seed S --case K` (in results.json "
-                  "under failure.reproduce) repeats a failing case."]
-    return "\n".join(lines) + "\n"
+    rows = []
+    for rank, sub in enumerate(ranked, 1):
+        cells = {_shape(b): (f"{_speedup(b.speedup, b.speedup_ci)}, {_ms(b.candidate)}, "
+                             f"{_bandwidth(b.candidate, run.copy_gbps)}" if b.speedup
+                             else f"skipped: {b.skipped}") for b in sub.benchmarks}
+        rows.append([rank, sub.name, _speedup(sub.speedup, sub.speedup_ci),
+                     _speedup(sub.compile_speedup, sub.compile_speedup_ci),
+                     f"{sub.cases_passed}/{sub.cases_total}",
+                     *(cells.get(s, "-") for s in shapes), _labels(sub)])
+    return tabulate(rows, headers=["#", "submission", "speedup", "vs compile", "cases",
+                                   *(names.get(s, s) for s in shapes), "flags"],
+                    tablefmt="github")
 
 
 def _labels(sub: SubmissionResult) -> str:

@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, field
 from kbench.verdict import Status
 
 
-def shape_text(shape: list[int] | tuple[int, ...]) -> str:
-    """A shape as reports write it: 4096x4096."""
-    return "x".join(str(d) for d in shape)
+def params_text(params: dict[str, int]) -> str:
+    """A case's sizes as reports write them, in the task's parameter order: 4096x4096."""
+    return "x".join(str(v) for v in params.values())
 
 
 @dataclass
@@ -28,8 +28,8 @@ class Measurement:
     max_sm_mhz: int | None = None
     slowed: int = 0  # samples read while NVML reported a slowdown (power, thermal)
     l2_reset: bool = True  # persisting L2 lines were reset before every sample (CUDA)
-    exclusive_hold: bool | None = None  # CUDA: the hold filled every SM (kbench.worker.timing)
-    trusted_ms: float | None = None  # per call on the trusted side's clock (kbench.grader)
+    exclusive_hold: bool | None = None  # CUDA: the hold filled every SM (kbench.worker.hold)
+    trusted_ms: float | None = None  # per call on kbench's own clock (kbench.grading.integrity)
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Benchmark:
     speedups over that and over torch.compile. ``skipped`` says why a shape was not timed;
     ``drift`` why the start and end references disagree."""
 
-    shape: list[int]
+    params: dict[str, int]  # the case's sizes by name (kbench.task.Params)
     dtype: str
     reference: Measurement | None = None
     reference_start: Measurement | None = None
@@ -57,6 +57,9 @@ class Benchmark:
     @classmethod
     def from_dict(cls, data: dict) -> Benchmark:
         sides = ("reference", "reference_start", "reference_end", "compiled", "candidate")
+        data = dict(data)
+        if "shape" in data:  # stored by kbench 0.2 and earlier: sizes without names
+            data["params"] = {f"d{i}": v for i, v in enumerate(data.pop("shape"))}
         return cls(**{k: Measurement(**v) if k in sides and v else v for k, v in data.items()})
 
 

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from enum import Enum
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,7 @@ import psutil
 import torch
 import torch.multiprocessing  # noqa: F401  (registers tensor sharing with the pickler)
 
-from kbench import paths
-from kbench.verdict import Status
+from kbench import paths, protocol
 
 _POLL_S = 0.05
 _MAX_MESSAGE = 64 << 20
@@ -48,12 +48,21 @@ _ALLOWED_GLOBALS = {
 _STORAGE_MODULES = ("torch", "torch.storage")
 
 
-class SandboxFailure(Exception):
-    """The child broke a rule or died; ``status`` is the verdict it earns."""
+class Fate(str, Enum):
+    """What became of a worker that gave no answer (kbench.verdict turns it into a verdict)."""
 
-    def __init__(self, status: Status, message: str) -> None:
+    CRASHED = "crashed"  # died, or was killed for flooding its log
+    TIMEOUT = "timeout"
+    OUT_OF_MEMORY = "out_of_memory"  # over its resident-memory limit
+    MALFORMED = "malformed"  # sent bytes that are not an allowed answer
+
+
+class SandboxFailure(Exception):
+    """The child broke a rule or died: ``fate`` says how."""
+
+    def __init__(self, fate: Fate, message: str) -> None:
         super().__init__(message)
-        self.status = status
+        self.fate = fate
         self.message = message
 
 
@@ -113,35 +122,33 @@ class Sandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request(self, message: dict, timeout: float) -> dict:
-        """Send one request; return the child's answer within ``timeout`` seconds."""
+    def request(self, message: protocol.Request, timeout: float) -> object:
+        """Send one request; return the child's answer within ``timeout`` seconds, unpickled
+        with the allow-list but not yet decoded (kbench.protocol.decode does that)."""
         try:
-            self.conn.send(message)
+            self.conn.send(protocol.encode(message))
         except OSError:
             self._raise_if_dead(wait=True)
-            raise SandboxFailure(Status.CRASHED, "the worker closed its channel") from None
+            raise SandboxFailure(Fate.CRASHED, "the worker closed its channel") from None
         deadline = time.monotonic() + timeout
         while not self.conn.poll(_POLL_S):
             self._raise_if_dead()
             self._enforce_limits()
             if time.monotonic() > deadline:
                 self.kill()
-                raise SandboxFailure(Status.TIMEOUT, f"no answer within {timeout:g} s (the task's "
+                raise SandboxFailure(Fate.TIMEOUT, f"no answer within {timeout:g} s (the task's "
                                      "limits set this)")
         try:
             data = self.conn.recv_bytes(_MAX_MESSAGE)
         except (EOFError, OSError):
             self._raise_if_dead(wait=True)
-            raise SandboxFailure(Status.CRASHED, "the worker closed its channel") from None
+            raise SandboxFailure(Fate.CRASHED, "the worker closed its channel") from None
         try:
             answer = safe_loads(data)
         except Exception as exc:
             self.kill()
             message = f"the worker sent an answer kbench does not accept ({exc})"
-            raise SandboxFailure(Status.RUNTIME_ERROR, message) from None
-        if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
-            self.kill()
-            raise SandboxFailure(Status.RUNTIME_ERROR, "the worker sent a malformed answer")
+            raise SandboxFailure(Fate.MALFORMED, message) from None
         return answer
 
     def _raise_if_dead(self, wait: bool = False) -> None:
@@ -155,19 +162,19 @@ class Sandbox:
         if code < 0:
             name = signal.Signals(-code).name if -code in signal.valid_signals() else -code
             hint = " (the kernel's out-of-memory killer sends this)" if name == "SIGKILL" else ""
-            raise SandboxFailure(Status.CRASHED, f"worker killed by signal {name}{hint}")
-        raise SandboxFailure(Status.CRASHED, f"worker exited with status {code} mid-request")
+            raise SandboxFailure(Fate.CRASHED, f"worker killed by signal {name}{hint}")
+        raise SandboxFailure(Fate.CRASHED, f"worker exited with status {code} mid-request")
 
     def _enforce_limits(self) -> None:
         size = self.log_path.stat().st_size if self.log_path.exists() else 0
         if size > self.log_bytes:
             self.kill()
-            raise SandboxFailure(Status.CRASHED, f"wrote over {self.log_bytes >> 20} MiB to "
+            raise SandboxFailure(Fate.CRASHED, f"wrote over {self.log_bytes >> 20} MiB to "
                                                  "stdout/stderr; stopped")
         rss = sum(_rss(p) for p in self._tree())
         if rss > self.memory_bytes:
             self.kill()
-            raise SandboxFailure(Status.OUT_OF_MEMORY, f"resident memory {rss / 2**30:.1f} GiB "
+            raise SandboxFailure(Fate.OUT_OF_MEMORY, f"resident memory {rss / 2**30:.1f} GiB "
                                  f"above the {self.memory_bytes / 2**30:g} GiB limit")
 
     def _tree(self) -> list[psutil.Process]:
@@ -198,7 +205,7 @@ class Sandbox:
         """Ask the worker to exit, then make sure its whole tree is gone."""
         if self.proc.poll() is None:
             try:
-                self.conn.send({"op": "exit"})
+                self.conn.send(protocol.encode(protocol.Exit()))
                 self.proc.wait(timeout=_EXIT_GRACE_S)
             except (OSError, subprocess.TimeoutExpired):
                 pass

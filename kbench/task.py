@@ -18,6 +18,9 @@ import yaml
 from kbench import paths
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+# One case's sizes by name, in the task's ``parameters`` order: {"batch": 16, "dim": 16384}.
+Params = dict[str, int]
 DEVICES = ("cpu", "cuda")
 
 
@@ -55,7 +58,7 @@ class Timing:
     target_ci: float  # stop once the median's 95 % interval is this close (relative half-width)
     compile_reference: bool  # also time torch.compile of the reference, a second baseline
     # Shapes whose reference runs under this at the start take each round, on each side, in a
-    # process of its own: a process's launch path sets its own level (kbench.grader._time).
+    # process of its own: a process's launch path sets its own level (kbench.grading.rounds).
     fresh_rounds_below_ms: float
 
     def stopwatch(self) -> dict:
@@ -79,20 +82,25 @@ class Limits:
 class Task:
     name: str
     path: Path
-    reference: str  # importable module: Model, get_inputs, get_init_inputs, make_inputs
+    reference: str  # importable module: Model, get_inputs, get_init_inputs, make_inputs, min_bytes
     semantics: str
+    parameters: tuple[str, ...]  # what a case's sizes are called, in order
     dtypes: tuple[str, ...]
     tolerance: dict[str, Tolerance]
     correctness: Correctness
     benchmark_dtype: str
-    min_traffic: int  # tensors of the input's size that must cross memory: bytes for GB/s
-    benchmarks: dict[str, tuple[tuple[int, ...], ...]]  # device -> shapes
+    benchmarks: dict[str, tuple[Params, ...]]  # device -> cases
     timing: dict[str, Timing]  # device -> settings
     limits: Limits
     digest: str  # sha256 of the task file and its reference module: a changed task re-grades
 
     def reference_module(self) -> ModuleType:
         return importlib.import_module(self.reference)
+
+    def min_bytes(self, params: Params, dtype: str) -> int:
+        """Bytes one call must move at least (for GB/s and the memory plan), as the
+        reference module computes them."""
+        return int(self.reference_module().min_bytes(params, dtype))
 
 
 class _Reader:
@@ -138,15 +146,22 @@ class _Reader:
             raise self.fail(key, f"one of {list(allowed)}", value)
         return value
 
-    def shape(self, value: Any, key: str) -> tuple[int, ...]:
+    def params(self, value: Any, key: str, names: tuple[str, ...]) -> Params:
+        """A case's sizes: a list in ``names`` order, or a mapping by name."""
+        if isinstance(value, dict):
+            self.mapping(value, key, set(names), set(names))
+            return {n: self.number(value[n], f"{key}.{n}", 1, integer=True) for n in names}
         if not isinstance(value, list) or not value:
             raise self.fail(key, "a shape: a non-empty list of positive integers", value)
-        return tuple(self.number(d, f"{key}[{i}]", 1, integer=True) for i, d in enumerate(value))
+        if len(value) != len(names):
+            raise self.fail(key, f"{len(names)} dimensions ({', '.join(names)})", value)
+        return {n: self.number(d, f"{key}[{i}]", 1, integer=True)
+                for i, (n, d) in enumerate(zip(names, value, strict=True))}
 
-    def shapes(self, value: Any, key: str) -> tuple[tuple[int, ...], ...]:
+    def cases(self, value: Any, key: str, names: tuple[str, ...]) -> tuple[Params, ...]:
         if not isinstance(value, list) or not value:
             raise self.fail(key, "a non-empty list of shapes", value)
-        return tuple(self.shape(s, f"{key}[{i}]") for i, s in enumerate(value))
+        return tuple(self.params(s, f"{key}[{i}]", names) for i, s in enumerate(value))
 
     def per_device(self, value: Any, key: str, read) -> dict:
         """A value given once for every device, or as {cpu: ..., cuda: ...}."""
@@ -186,8 +201,8 @@ def load_task(name_or_path: str) -> Task:
 
 def _parse(raw: Any, path: Path) -> Task:
     r = _Reader(path)
-    top_keys = {"name", "reference", "semantics", "dtypes", "tolerance", "correctness",
-                "benchmarks", "timing", "limits"}
+    top_keys = {"name", "reference", "semantics", "parameters", "dtypes", "tolerance",
+                "correctness", "benchmarks", "timing", "limits"}
     r.mapping(raw, "", top_keys, top_keys)
 
     name = r.text(raw["name"], "name")
@@ -198,9 +213,16 @@ def _parse(raw: Any, path: Path) -> Task:
         module = importlib.import_module(reference)
     except ImportError as exc:
         raise r.fail("reference", "an importable module", f"{reference} ({exc})") from None
-    for attr in ("Model", "get_inputs", "get_init_inputs", "make_inputs", "DISTRIBUTIONS"):
+    for attr in ("Model", "get_inputs", "get_init_inputs", "make_inputs", "min_bytes",
+                 "DISTRIBUTIONS"):
         if not hasattr(module, attr):
             raise r.fail("reference", f"a module defining {attr}", reference)
+
+    names_raw = raw["parameters"]
+    if not isinstance(names_raw, list) or not names_raw or len(set(map(str, names_raw))) != len(
+            names_raw):
+        raise r.fail("parameters", "a non-empty list of distinct names", names_raw)
+    parameters = tuple(r.text(n, f"parameters[{i}]") for i, n in enumerate(names_raw))
 
     dtypes_raw = raw["dtypes"]
     if not isinstance(dtypes_raw, list) or not dtypes_raw:
@@ -215,17 +237,12 @@ def _parse(raw: Any, path: Path) -> Task:
         tolerance[dtype] = Tolerance(rtol=float(r.number(entry["rtol"], f"{key}.rtol")),
                                      atol=float(r.number(entry["atol"], f"{key}.atol")))
 
-    correctness = _parse_correctness(r, raw["correctness"], module)
+    correctness = _parse_correctness(r, raw["correctness"], module, parameters)
 
-    bench_keys = {"dtype", "min_traffic", "cpu", "cuda"}
+    bench_keys = {"dtype", "cpu", "cuda"}
     bench = r.mapping(raw["benchmarks"], "benchmarks", bench_keys, bench_keys)
     benchmark_dtype = r.choice(bench["dtype"], "benchmarks.dtype", dtypes)
-    benchmarks = {d: r.shapes(bench[d], f"benchmarks.{d}") for d in DEVICES}
-    for d in DEVICES:
-        for i, shape in enumerate(benchmarks[d]):
-            if len(shape) != len(correctness.random_shape):
-                raise r.fail(f"benchmarks.{d}[{i}]",
-                             f"{len(correctness.random_shape)} dimensions", list(shape))
+    benchmarks = {d: r.cases(bench[d], f"benchmarks.{d}", parameters) for d in DEVICES}
 
     timing_keys = {"warmup_ms", "min_samples", "max_samples", "budget_ms", "target_ci",
                    "compile_reference", "fresh_rounds_below_ms"}
@@ -248,14 +265,14 @@ def _parse(raw: Any, path: Path) -> Task:
     digest = hashlib.sha256(path.read_bytes())
     digest.update(Path(module.__file__).read_bytes())
     return Task(name=name, path=path, reference=reference, digest=digest.hexdigest(),
-                semantics=r.text(raw["semantics"], "semantics"), dtypes=dtypes,
-                tolerance=tolerance, correctness=correctness, benchmark_dtype=benchmark_dtype,
-                benchmarks=benchmarks, timing=timing, limits=limits,
-                min_traffic=r.number(bench["min_traffic"], "benchmarks.min_traffic", 1,
-                                     integer=True))
+                semantics=r.text(raw["semantics"], "semantics"), parameters=parameters,
+                dtypes=dtypes, tolerance=tolerance, correctness=correctness,
+                benchmark_dtype=benchmark_dtype, benchmarks=benchmarks, timing=timing,
+                limits=limits)
 
 
-def _parse_correctness(r: _Reader, raw: Any, module: ModuleType) -> Correctness:
+def _parse_correctness(r: _Reader, raw: Any, module: ModuleType,
+                       parameters: tuple[str, ...]) -> Correctness:
     keys = {"distributions", "fixed_shapes", "random_cases", "random_shape", "max_elements"}
     c = r.mapping(raw, "correctness", keys, keys)
     dist_raw = c["distributions"]
@@ -266,8 +283,9 @@ def _parse_correctness(r: _Reader, raw: Any, module: ModuleType) -> Correctness:
     distributions = tuple(r.choice(d, f"correctness.distributions[{i}]", known)
                           for i, d in enumerate(dist_raw))
     ranges_raw = c["random_shape"]
-    if not isinstance(ranges_raw, list) or not ranges_raw:
-        raise r.fail("correctness.random_shape", "a list of [lo, hi] per dimension", ranges_raw)
+    if not isinstance(ranges_raw, list) or len(ranges_raw) != len(parameters):
+        raise r.fail("correctness.random_shape", f"a list of [lo, hi] per parameter "
+                     f"({', '.join(parameters)})", ranges_raw)
     ranges = []
     for i, pair in enumerate(ranges_raw):
         key = f"correctness.random_shape[{i}]"
@@ -277,11 +295,7 @@ def _parse_correctness(r: _Reader, raw: Any, module: ModuleType) -> Correctness:
         hi = r.number(pair[1], f"{key}[1]", lo, integer=True)
         ranges.append((lo, hi))
     max_elements = r.number(c["max_elements"], "correctness.max_elements", 1, integer=True)
-    fixed = r.shapes(c["fixed_shapes"], "correctness.fixed_shapes")
-    for i, shape in enumerate(fixed):
-        if len(shape) != len(ranges):
-            raise r.fail(f"correctness.fixed_shapes[{i}]", f"{len(ranges)} dimensions",
-                         list(shape))
+    fixed = r.cases(c["fixed_shapes"], "correctness.fixed_shapes", parameters)
     return Correctness(
         distributions=distributions,
         fixed_shapes=fixed,

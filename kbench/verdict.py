@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from kbench.build import first_error_line
+from kbench.protocol import WorkerError
 
 
 class Status(str, Enum):
@@ -43,15 +44,25 @@ _CUDA = ("CUDA error", "cudaError", "AcceleratorError", "CUDA kernel errors",
          "illegal memory access", "device-side assert")
 
 
-def from_error(error: dict, stage: str, device: str, log: str) -> Verdict:
+_FATES = {"crashed": Status.CRASHED, "timeout": Status.TIMEOUT,
+          "out_of_memory": Status.OUT_OF_MEMORY, "malformed": Status.RUNTIME_ERROR}
+
+
+def from_fate(fate: str, stage: str, message: str) -> Verdict:
+    """A worker that gave no answer (kbench.sandbox.Fate): died, hung, grew too large, or
+    sent what kbench does not accept."""
+    return Verdict(_FATES[fate], f"{stage}: {message}")
+
+
+def from_error(error: WorkerError, stage: str, device: str, log: str) -> Verdict:
     """An exception the worker reported during ``stage`` ("import", "init", "case ...", ...)."""
-    kind = error.get("type", "?")
-    message = str(error.get("message", ""))
+    kind = error.type
+    message = error.message
     first = next((line.strip() for line in message.splitlines() if line.strip()), "")
     short = kind.rsplit(".", 1)[-1]
     said = f"{short}: {first}"[:300]
     text = f"{kind} {message}"
-    if error.get("stage") == "import" and ("Error building extension" in message
+    if error.stage == "import" and ("Error building extension" in message
                                            or kind.endswith("CalledProcessError")):
         line = first_error_line(log) or first_error_line(message) or first
         return Verdict(Status.BUILD_ERROR, line[:300])
@@ -61,6 +72,6 @@ def from_error(error: dict, stage: str, device: str, log: str) -> Verdict:
         return Verdict(Status.OUT_OF_MEMORY, f"{stage}: {said}")
     if any(s in text for s in _CUDA):
         return Verdict(Status.CUDA_ERROR, f"{stage}: {said}")
-    if error.get("stage") == "import":
+    if error.stage == "import":
         return Verdict(Status.IMPORT_ERROR, said)
     return Verdict(Status.RUNTIME_ERROR, f"{stage}: {said}")

@@ -13,8 +13,8 @@ def task():
 
 def test_plan_is_reproducible_and_fresh_per_seed(task):
     assert plan_cases(task, 7) == plan_cases(task, 7)
-    shapes_a = [c.shape for c in plan_cases(task, 7)]
-    shapes_b = [c.shape for c in plan_cases(task, 8)]
+    shapes_a = [tuple(c.params.values()) for c in plan_cases(task, 7)]
+    shapes_b = [tuple(c.params.values()) for c in plan_cases(task, 8)]
     assert shapes_a != shapes_b
 
 
@@ -22,15 +22,15 @@ def test_plan_covers_edges_random_shapes_dtypes_and_distributions(task):
     cases = plan_cases(task, 123)
     spec = task.correctness
     assert len(cases) == len(spec.fixed_shapes) + spec.random_cases
-    assert [c.shape for c in cases[:len(spec.fixed_shapes)]] == list(spec.fixed_shapes)
+    assert [c.params for c in cases[:len(spec.fixed_shapes)]] == list(spec.fixed_shapes)
     assert {c.dtype for c in cases} == set(task.dtypes)
     assert {c.distribution for c in cases} == set(spec.distributions)
     assert [c.index for c in cases] == list(range(len(cases)))
     first_other = next(i for i, c in enumerate(cases) if c.dtype != "float32")
     assert all(c.dtype == "float32" for c in cases[:first_other])
     for case in cases[len(spec.fixed_shapes):]:
-        assert math.prod(case.shape) <= spec.max_elements
-        for d, (lo, hi) in zip(case.shape, spec.random_shape, strict=True):
+        assert math.prod(case.params.values()) <= spec.max_elements
+        for d, (lo, hi) in zip(case.params.values(), spec.random_shape, strict=True):
             assert lo <= d <= hi
     assert len({c.seed for c in cases}) == len(cases)
 

@@ -3,15 +3,21 @@ import random
 import pytest
 
 from kbench import measurement
+from kbench.protocol import BadSamples, Samples
 from kbench.results import Benchmark, Measurement, SubmissionResult
 from kbench.verdict import Status
 
 
-def worker_samples(ms: list[float], **extra) -> dict:
+def wire(ms: list[float], **extra) -> dict:
+    """A round of samples as a worker sends it."""
     n = len(ms)
     return {"ms": ms, "after_ms": [0.0] * n, "host_ms": [0.001] * n, "sm_mhz": [1980] * n,
             "mem_mhz": [3201] * n, "slowed": [False] * n, "max_sm_mhz": 1980,
             "idle_ms": [0.0] * n, **extra}
+
+
+def samples(ms: list[float], **extra) -> Samples:
+    return Samples.from_wire(wire(ms, **extra))
 
 
 def noisy(rng: random.Random, centre: float, n: int = 200, spread: float = 0.01) -> list[float]:
@@ -19,7 +25,7 @@ def noisy(rng: random.Random, centre: float, n: int = 200, spread: float = 0.01)
 
 
 def test_summarise_gives_median_interval_bandwidth_and_clocks():
-    m = measurement.summarise([measurement.check(worker_samples(
+    m = measurement.summarise([Samples.from_wire(wire(
         [1.0, 2.0, 3.0, 4.0, 5.0], slowed=[False, True, True, False, False]))], nbytes=2_000_000)
     assert (m.ms, m.ci, m.samples) == (3.0, [1.0, 5.0], 5)
     assert m.gbps == pytest.approx(2e6 / 3e-3 / 1e9)
@@ -28,40 +34,40 @@ def test_summarise_gives_median_interval_bandwidth_and_clocks():
 
 
 def test_rounds_are_pooled():
-    m = measurement.summarise([worker_samples([1.0] * 10), worker_samples([3.0] * 11)], None)
+    m = measurement.summarise([samples([1.0] * 10), samples([3.0] * 11)], None)
     assert m.samples == 21 and m.ms == 3.0 and m.gbps is None
 
 
 @pytest.mark.parametrize("bad, message", [
     (None, "no sample lists"),
     ({"ms": [1.0]}, "no sample lists"),
-    (worker_samples([]), "no valid timings"),
-    (worker_samples([1.0, float("nan")]), "no valid timings"),
-    (worker_samples([1.0, -2.0]), "no valid timings"),
-    (worker_samples([1.0, True]), "no valid timings"),
-    (worker_samples([1.0, 2.0], slowed=[False]), "differ in length"),
-    (worker_samples([1.0, 2.0], after_ms=[0.0, float("inf")]), "device-busy or host"),
+    (wire([]), "no valid timings"),
+    (wire([1.0, float("nan")]), "no valid timings"),
+    (wire([1.0, -2.0]), "no valid timings"),
+    (wire([1.0, True]), "no valid timings"),
+    (wire([1.0, 2.0], slowed=[False]), "differ in length"),
+    (wire([1.0, 2.0], after_ms=[0.0, float("inf")]), "device-busy or host"),
 ])
 def test_check_refuses_what_the_stopwatch_never_sends(bad, message):
-    with pytest.raises(measurement.BadSamples, match=message):
-        measurement.check(bad)
+    with pytest.raises(BadSamples, match=message):
+        Samples.from_wire(bad)
 
 
 def test_work_left_on_other_streams_is_charged_but_jitter_is_not():
-    jitter = worker_samples([0.010] * 9, after_ms=[0.0, 0.0, 0.04, 0.0, -0.001, 0.0, 0.05, 0.0,
+    jitter = samples([0.010] * 9, after_ms=[0.0, 0.0, 0.04, 0.0, -0.001, 0.0, 0.05, 0.0,
                                                   0.0])
     m = measurement.summarise([jitter], None)
     assert m.side_work_ms is None and m.ms == pytest.approx(0.010)  # two late syncs: jitter
-    offset = worker_samples([0.010] * 9, after_ms=[0.031] * 9, idle_ms=[0.03] * 9)
+    offset = samples([0.010] * 9, after_ms=[0.031] * 9, idle_ms=[0.03] * 9)
     assert measurement.summarise([offset], None).side_work_ms is None  # this process's syncs
     # Syncs that got slower mid-run (the allocator mapping memory): each sample has its probe.
-    moving = worker_samples([0.010] * 9, after_ms=[0.015] * 4 + [0.15] * 5,
+    moving = samples([0.010] * 9, after_ms=[0.015] * 4 + [0.15] * 5,
                             idle_ms=[0.013] * 4 + [0.14] * 5)
     assert measurement.summarise([moving], None).side_work_ms is None
-    hidden = worker_samples([0.002] * 9, after_ms=[0.5] * 9)  # the work ran on another stream
+    hidden = samples([0.002] * 9, after_ms=[0.5] * 9)  # the work ran on another stream
     m = measurement.summarise([hidden], None)
     assert m.side_work_ms == pytest.approx(0.5) and m.ms == pytest.approx(0.502)
-    big = worker_samples([10.0] * 9, after_ms=[0.05] * 9)  # a sync's cost on a long call
+    big = samples([10.0] * 9, after_ms=[0.05] * 9)  # a sync's cost on a long call
     assert measurement.summarise([big], None).side_work_ms is None
 
 
@@ -69,7 +75,7 @@ def test_drift_only_beyond_noise():
     rng = random.Random(3)
 
     def timed(centre: float) -> Measurement:
-        return measurement.summarise([worker_samples(noisy(rng, centre))], 8)
+        return measurement.summarise([samples(noisy(rng, centre))], 8)
 
     start = timed(1.0)
     assert measurement.drift(start, timed(1.0)) is None
@@ -83,14 +89,14 @@ def m(ms: float, rel: float = 0.01) -> Measurement:
 
 
 def test_speedups_per_shape_and_geometric_mean_with_intervals():
-    reference = [Benchmark([1, 1], "float32", reference=m(2.0), compiled=m(1.0)),
-                 Benchmark([2, 2], "float32", reference=m(8.0), compiled=m(4.0)),
-                 Benchmark([3, 3], "float32", skipped="too big")]
+    reference = [Benchmark({"batch": 1, "dim": 1}, "float32", reference=m(2.0), compiled=m(1.0)),
+                 Benchmark({"batch": 2, "dim": 2}, "float32", reference=m(8.0), compiled=m(4.0)),
+                 Benchmark({"batch": 3, "dim": 3}, "float32", skipped="too big")]
     # Each speedup divides the reference's rounds taken alongside the candidate's.
     result = SubmissionResult("s", "s.py", "0", Status.OK, benchmarks=[
-        Benchmark([1, 1], "float32", candidate=m(1.0), reference=m(2.0)),
-        Benchmark([2, 2], "float32", candidate=m(2.0), reference=m(8.0)),
-        Benchmark([3, 3], "float32", skipped="too big")])
+        Benchmark({"batch": 1, "dim": 1}, "float32", candidate=m(1.0), reference=m(2.0)),
+        Benchmark({"batch": 2, "dim": 2}, "float32", candidate=m(2.0), reference=m(8.0)),
+        Benchmark({"batch": 3, "dim": 3}, "float32", skipped="too big")])
     measurement.add_speedups(result, reference)
     assert [b.speedup for b in result.benchmarks[:2]] == [2.0, 4.0]
     assert result.speedup == pytest.approx(8 ** 0.5)
@@ -101,11 +107,11 @@ def test_speedups_per_shape_and_geometric_mean_with_intervals():
 
 
 def test_no_compile_speedup_unless_every_timed_shape_has_one():
-    reference = [Benchmark([1, 1], "float32", reference=m(2.0), compiled=m(1.0)),
-                 Benchmark([2, 2], "float32", reference=m(8.0))]
+    reference = [Benchmark({"batch": 1, "dim": 1}, "float32", reference=m(2.0), compiled=m(1.0)),
+                 Benchmark({"batch": 2, "dim": 2}, "float32", reference=m(8.0))]
     result = SubmissionResult("s", "s.py", "0", Status.OK, benchmarks=[
-        Benchmark([1, 1], "float32", candidate=m(1.0), reference=m(2.0)),
-        Benchmark([2, 2], "float32", candidate=m(2.0), reference=m(8.0))])
+        Benchmark({"batch": 1, "dim": 1}, "float32", candidate=m(1.0), reference=m(2.0)),
+        Benchmark({"batch": 2, "dim": 2}, "float32", candidate=m(2.0), reference=m(8.0))])
     measurement.add_speedups(result, reference)
     assert result.speedup == pytest.approx(8 ** 0.5) and result.compile_speedup is None
     assert result.benchmarks[0].compile_speedup == 1.0  # compiled 1 ms / candidate 1 ms
@@ -114,18 +120,19 @@ def test_no_compile_speedup_unless_every_timed_shape_has_one():
 def test_no_speedup_over_the_start_of_run_reference_when_none_ran_alongside():
     # The reference's process failed at the second shape while this candidate was timed: that
     # shape gets no speedup (not one over the run's first timing), and so no overall either.
-    reference = [Benchmark([1, 1], "float32", reference=m(2.0)),
-                 Benchmark([2, 2], "float32", reference=m(8.0))]
+    reference = [Benchmark({"batch": 1, "dim": 1}, "float32", reference=m(2.0)),
+                 Benchmark({"batch": 2, "dim": 2}, "float32", reference=m(8.0))]
     result = SubmissionResult("s", "s.py", "0", Status.OK, benchmarks=[
-        Benchmark([1, 1], "float32", candidate=m(1.0), reference=m(2.0)),
-        Benchmark([2, 2], "float32", candidate=m(2.0), skipped="no speedup: the reference "
-                  "could not be timed alongside (out of memory)")])
+        Benchmark({"batch": 1, "dim": 1}, "float32", candidate=m(1.0), reference=m(2.0)),
+        Benchmark({"batch": 2, "dim": 2}, "float32", candidate=m(2.0),
+                  skipped="no speedup: the reference could not be timed alongside (out of "
+                          "memory)")])
     measurement.add_speedups(result, reference)
     assert result.benchmarks[0].speedup == 2.0 and result.benchmarks[1].speedup is None
     assert result.speedup is None and result.speedup_ci is None
 
 
 def test_a_missed_persisting_l2_reset_is_kept():
-    assert measurement.summarise([worker_samples([1.0])], None).l2_reset  # CPU: not applicable
-    missed = worker_samples([1.0], persisting_l2_reset=False)
-    assert not measurement.summarise([worker_samples([1.0]), missed], None).l2_reset
+    assert measurement.summarise([samples([1.0])], None).l2_reset  # CPU: not applicable
+    missed = samples([1.0], persisting_l2_reset=False)
+    assert not measurement.summarise([samples([1.0]), missed], None).l2_reset

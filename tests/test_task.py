@@ -10,7 +10,9 @@ from kbench.task import TaskError, load_task
 def test_bundled_task_loads():
     task = load_task("l2norm")
     assert task.dtypes[0] == "float32"
-    assert (16, 16384) in task.benchmarks["cuda"] and (32768, 65535) in task.benchmarks["cuda"]
+    assert task.parameters == ("batch", "dim")
+    assert {"batch": 16, "dim": 16384} in task.benchmarks["cuda"]
+    assert {"batch": 32768, "dim": 65535} in task.benchmarks["cuda"]
     assert task.correctness.random_cases >= 20
     assert task.tolerance["float32"].rtol <= 1e-5
     assert "KernelBench" in task.semantics and "NaN" in task.semantics

@@ -4,12 +4,13 @@ from multiprocessing.reduction import ForkingPickler
 import pytest
 import torch
 
+from kbench.protocol import WorkerError
 from kbench.sandbox import safe_loads
 from kbench.verdict import Status, from_error
 
 
 def err(kind, message, stage="run"):
-    return {"type": kind, "message": message, "stage": stage}
+    return WorkerError(stage=stage, type=kind, message=message)
 
 
 @pytest.mark.parametrize("error, device, status", [

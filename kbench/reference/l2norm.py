@@ -1,8 +1,9 @@
 """L2 normalisation along dim 1: the reference for tasks/l2norm.yaml (KernelBench format).
 
 ``Model``, ``get_inputs`` and ``get_init_inputs`` follow KernelBench's problem layout.
-``make_inputs`` is what kbench uses instead of ``get_inputs``: inputs of any shape, dtype and
-value distribution, reproducible from a seed.
+``make_inputs`` is what kbench uses instead of ``get_inputs``: inputs of any sizes (the task's
+parameters, batch and dim), dtype and value distribution, reproducible from a seed;
+``min_bytes`` is the traffic one call must move at least.
 
 Semantics: y = x / ||x||_2 per row; a row whose norm is exactly zero gives zeros. KernelBench's
 level-1 problem 39 divides by the norm unguarded and returns NaN for such rows. Rows with
@@ -57,9 +58,16 @@ _NORM_RANGE_LOG10 = {
 _MIN_ROW_NORM = {"float32": 1e-6, "bfloat16": 1e-6, "float64": 1e-6, "float16": 1e-2}
 
 
-def make_inputs(shape: tuple[int, ...], dtype: str, distribution: str, seed: int,
-                device: str | torch.device = "cpu") -> list[torch.Tensor]:
-    """Inputs for one case: a (batch, dim) tensor of ``dtype`` drawn from ``distribution``.
+def min_bytes(params: dict[str, int], dtype: str) -> int:
+    """One read of x and one write of y."""
+    return 2 * params["batch"] * params["dim"] * torch.empty(0, dtype=getattr(torch, dtype)
+                                                              ).element_size()
+
+
+def make_inputs(params: dict[str, int] | tuple[int, int], dtype: str, distribution: str,
+                seed: int, device: str | torch.device = "cpu") -> list[torch.Tensor]:
+    """Inputs for one case (its parameters by name, or a (batch, dim) shape): a tensor of
+    ``dtype`` drawn from ``distribution``.
 
     normal / uniform: N(0, 1) and U(-1, 1) values; row_scaled: normal rows times factors
     log-uniform over 1e-3..1e3; zero_rows: normal with about a quarter of the rows (at least
@@ -67,7 +75,7 @@ def make_inputs(shape: tuple[int, ...], dtype: str, distribution: str, seed: int
     """
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"unknown distribution {distribution!r}; known: {DISTRIBUTIONS}")
-    batch, width = shape
+    batch, width = (params["batch"], params["dim"]) if isinstance(params, dict) else params
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def uniform(*size: int) -> torch.Tensor:

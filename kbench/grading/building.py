@@ -1,0 +1,79 @@
+"""Building: each submission imported once in its own process, which compiles its extensions
+into a build folder of its own; in parallel, watched (kbench.grading.watch)."""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from kbench import backends
+from kbench.build import build_dir
+from kbench.discovery import Submission
+from kbench.grading.channel import Channel, Stop
+from kbench.grading.context import Context
+from kbench.grading.watch import Watcher, tampered
+from kbench.sandbox import child_env
+from kbench.verdict import Verdict
+
+
+@dataclass(frozen=True)
+class Built:
+    verdict: Verdict | None  # None: built (or nothing to build)
+    seconds: float
+
+
+def folder(ctx: Context, sub: Submission) -> Path:
+    return build_dir(ctx.options.cache_dir, sub.path, ctx.toolchain)
+
+
+def env(ctx: Context, sub: Submission, parallel: int = 1) -> dict[str, str]:
+    """The environment of the submission's processes, its build folder marked as used now
+    (kbench prune keeps what recent runs used); ``parallel`` builds share the cores."""
+    path = folder(ctx, sub)
+    path.mkdir(parents=True, exist_ok=True)
+    os.utime(path)
+    cores = max(1, (psutil.cpu_count() or 1) // parallel)
+    backend = backends.for_source(sub.path.read_text(errors="replace"))
+    return child_env(backend.env(ctx.toolchain, path, cores))
+
+
+def build_all(ctx: Context, watcher: Watcher, submissions: list[Submission],
+              environment_problem: str | None) -> dict[Submission, Built]:
+    """Build in parallel, as many at a time as ``--jobs`` allows and there are builds, the
+    cores split between them. If a build wrote to kbench's files, the files are put right and
+    the builds run again one at a time (from the warm cache) to find which: that one is
+    flagged."""
+    parallel = max(1, min(ctx.options.jobs, len(submissions)))
+    ignore = [ctx.logs] + [folder(ctx, s) for s in submissions]
+    changed = watcher.watch([s.path for s in submissions], ignore)
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        built = dict(zip(submissions, pool.map(
+            lambda s: _build(ctx, s, parallel, environment_problem), submissions), strict=True))
+    if not changed():
+        return built
+    for sub in submissions:
+        changed = watcher.watch([sub.path], [ctx.logs, folder(ctx, sub)])
+        built[sub] = _build(ctx, sub, 1, environment_problem)
+        if lines := changed():
+            built[sub] = Built(tampered("while building", lines), built[sub].seconds)
+    return built
+
+
+def _build(ctx: Context, sub: Submission, parallel: int,
+           environment_problem: str | None) -> Built:
+    """Import the submission once in its own process: this compiles its extensions."""
+    backend = backends.for_source(sub.path.read_text(errors="replace"))
+    if verdict := backend.unavailable(ctx.toolchain, environment_problem):
+        return Built(verdict, 0.0)
+    start = time.monotonic()
+    try:
+        with Channel(ctx, f"{sub.name}.build.log", env(ctx, sub, parallel)) as channel:
+            channel.load(sub, instantiate=False, stage="build")
+    except Stop as stop:
+        return Built(stop.verdict, time.monotonic() - start)
+    return Built(None, time.monotonic() - start)

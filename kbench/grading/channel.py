@@ -1,0 +1,81 @@
+"""The trusted side's end of one worker: kbench.protocol's requests out, typed answers back,
+and every way a request can fail turned into a Stop carrying the verdict it earns."""
+
+from __future__ import annotations
+
+from kbench import protocol
+from kbench import verdict as verdicts
+from kbench.discovery import Submission
+from kbench.grading.context import Context
+from kbench.results import params_text
+from kbench.sandbox import Sandbox, SandboxFailure
+from kbench.task import Params
+from kbench.verdict import Status, Verdict
+
+
+class Stop(Exception):
+    """Grading of one submission ends here with ``verdict``."""
+
+    def __init__(self, verdict: Verdict, failure: dict | None = None) -> None:
+        super().__init__(verdict.reason)
+        self.verdict = verdict
+        self.failure = failure
+
+
+class Channel:
+    """One worker process (kbench.sandbox) for one submission or reference."""
+
+    def __init__(self, ctx: Context, log_name: str, env: dict[str, str]) -> None:
+        limits = ctx.task.limits
+        self.ctx = ctx
+        self.log = ctx.logs / log_name
+        self.box = Sandbox(self.log, env, memory_bytes=int(limits.host_memory_gib * 2**30),
+                           log_bytes=int(limits.log_mib * 2**20))
+
+    def __enter__(self) -> Channel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.box.close()
+
+    def call(self, request: protocol.Request, timeout: float, stage: str) -> protocol.Answer:
+        """One request and its answer, decoded and checked (kbench.protocol)."""
+        try:
+            raw = self.box.request(request, timeout)
+        except SandboxFailure as failure:
+            raise Stop(verdicts.from_fate(failure.fate.value, stage, failure.message)) from None
+        try:
+            answer = protocol.decode(raw, request.answers)
+        except protocol.BadSamples as exc:
+            raise Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: {exc}")) from None
+        except protocol.ProtocolError as exc:
+            self.box.kill()
+            raise Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker sent a malformed "
+                               f"answer ({exc}); was kbench's worker code changed in the "
+                               "submission's process?")) from None
+        if isinstance(answer, protocol.Failed):
+            raise Stop(verdicts.from_error(answer.error, stage, self.ctx.device.type,
+                                           self.box.log_text()))
+        return answer
+
+    def load(self, sub: Submission, instantiate: bool, class_name: str = "ModelNew",
+             compile: bool = False, stage: str = "load") -> None:
+        ctx = self.ctx
+        limit = ctx.task.limits.build_s if not instantiate else ctx.task.limits.load_s
+        self.call(protocol.Load(
+            path=str(sub.path.resolve()), module_name=f"kbench_submission_{sub.name}",
+            class_name=class_name, init_args=ctx.init_args, device=ctx.device.type,
+            reference=ctx.task.reference, instantiate=instantiate, compile=compile),
+            limit, stage)
+
+    def samples(self, params: Params, rounds: int = 1, keep: bool = False) -> protocol.Samples:
+        """One round of timing of one case; the worker draws the inputs from secret seeds
+        and, with ``keep``, holds some outputs for kbench.grading.integrity.verify."""
+        ctx = self.ctx
+        answer = self.call(protocol.Time(params=params, dtype=ctx.task.benchmark_dtype,
+                                         timing=ctx.timing(rounds), keep=keep),
+                           ctx.task.limits.benchmark_s, f"benchmark {params_text(params)}")
+        return answer.samples

@@ -1,0 +1,129 @@
+"""Correctness: every planned case, fresh inputs made here, the candidate's output back, the
+reference computed here afterwards; then a recheck that no output changed after it was
+returned."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kbench import protocol
+from kbench.cases import Case
+from kbench.compare import compare, compare_values, identical
+from kbench.discovery import Submission
+from kbench.grading.channel import Channel, Stop
+from kbench.grading.context import Context
+from kbench.results import SubmissionResult
+from kbench.verdict import Status, Verdict
+
+_random = random.SystemRandom()  # choices a submission must not be able to predict
+
+# Outputs are compared with their checked copies this long, at least, after the last case's
+# call returned (see recheck): a case's output written later than this after its call goes
+# unseen there (a timed call's, written while kbench looks, is caught by integrity.verify).
+SETTLE_S = 0.5
+
+
+@dataclass(frozen=True)
+class Returned:
+    """An output as the worker returned it (memory the worker can still write), the copy
+    that was checked, and when (time.monotonic()) the answer came."""
+
+    shared: torch.Tensor
+    copy: torch.Tensor
+    case: Case
+    at: float
+
+
+def check(ctx: Context, channel: Channel, sub: Submission,
+          result: SubmissionResult | None) -> list[Returned]:
+    """Every case: fresh inputs here, the candidate's output back, the reference after.
+    Passed cases are counted in ``result``. The first failure raises Stop: wrong_output for
+    wrong values; flagged for right values from a call that returned a view of its input or
+    changed its input. Values are judged on the copy the worker made as the call returned
+    (see kbench.worker.serve), never on the output itself, which a thread may still be
+    writing. One case, picked at random, is sent twice: the second output must match the
+    first (determinism). Returns every output with its checked copy, for recheck."""
+    returned: list[Returned] = []
+    first_again = None
+    again = [_random.choice(ctx.cases)] if ctx.cases else []
+    for index, case in enumerate(ctx.cases + again):
+        repeat = index == len(ctx.cases)
+        inputs = ctx.reference.make_inputs(case.params, case.dtype, case.distribution,
+                                           case.seed, ctx.device)
+        sent = [t.clone() for t in inputs]  # shared with the worker: its writes show here
+        try:
+            answer = channel.call(protocol.Run(sent), ctx.task.limits.case_s, case.describe())
+        except Stop as stop:
+            stop.failure = ctx.failure(sub, case)
+            raise
+        if isinstance(answer, protocol.NotATensor):
+            raise Stop(Verdict(Status.WRONG_OUTPUT, f"{case.describe()}: returned "
+                               f"{answer.output_type}, expected torch.Tensor"),
+                       ctx.failure(sub, case))
+        out = answer.returned.clone()  # the grader's own: nothing in the worker can write it
+        _judge(ctx, sub, case, inputs, sent, answer, out)
+        if repeat:
+            _same_twice(ctx, sub, case, first_again, out)
+        returned.append(Returned(answer.output, out, case, time.monotonic()))
+        if again and case is again[0] and not repeat:
+            first_again = out
+        if result is not None and not repeat:
+            result.cases_passed += 1
+    return returned
+
+
+def _judge(ctx: Context, sub: Submission, case: Case, inputs: list[torch.Tensor],
+           sent: list[torch.Tensor], answer: protocol.Ran, out: torch.Tensor) -> None:
+    """Right values (against the reference in float64), and the inputs left alone."""
+    with torch.no_grad():
+        expected = ctx.ref_model(*inputs)
+        exact = ctx.ref_model(*[t.to(torch.float64) for t in inputs])
+    outcome = compare(out, expected, exact, ctx.task.tolerance[case.dtype])
+    if not outcome.ok:
+        failure = ctx.failure(sub, case)
+        failure.update(max_abs_err=outcome.max_abs_err, max_rel_err=outcome.max_rel_err)
+        raise Stop(Verdict(Status.WRONG_OUTPUT, f"{case.describe()}: {outcome.reason}"),
+                   failure)
+    caught = None
+    if answer.aliases_input:
+        caught = "returned a view of its input"
+    elif not all(identical(s, p) for s, p in zip(sent, inputs, strict=True)):
+        caught = "changed its input"
+    if caught:
+        raise Stop(Verdict(Status.FLAGGED, f"{case.describe()}: {caught} (the output values "
+                           "were right)"), ctx.failure(sub, case))
+
+
+def _same_twice(ctx: Context, sub: Submission, case: Case, first: torch.Tensor,
+                second: torch.Tensor) -> None:
+    """The same input, sent twice: the outputs, each right, must also agree with each other
+    within the task's tolerance."""
+    if second.shape == first.shape:
+        outcome = compare_values(second.to(torch.float64), first.to(torch.float64),
+                                 ctx.task.tolerance[case.dtype])
+        if outcome.ok:
+            return
+        why = outcome.reason
+    else:
+        why = f"the second is {type(second).__qualname__} {tuple(second.shape)}"
+    raise Stop(Verdict(Status.FLAGGED, f"{case.describe()}: the same input twice gave "
+                       f"different outputs ({why})"), ctx.failure(sub, case))
+
+
+def recheck(ctx: Context, sub: Submission, returned: list[Returned]) -> None:
+    """Every case's output must still hold what it held when its call returned: a thread or
+    stream that writes it afterwards makes the check meaningless. Looked at once, after the
+    cases and before timing, at least SETTLE_S after the last call returned, in case order:
+    the verdict and the case it names do not depend on how fast this process happened to be
+    (timed calls' outputs have checks of their own, see integrity.verify)."""
+    if not returned:
+        return
+    time.sleep(max(0.0, returned[-1].at + SETTLE_S - time.monotonic()))
+    for item in returned:
+        if not identical(item.shared, item.copy):
+            raise Stop(Verdict(Status.FLAGGED, f"{item.case.describe()}: the output changed "
+                               "after it was returned"), ctx.failure(sub, item.case))

@@ -1,0 +1,147 @@
+"""Checks that timed figures are honest: outputs of timed calls verified, kbench's own clock
+against the submission's figures, work left on other streams, and achieved bandwidth against
+the copy bandwidth measured in the same run. Each failure is a Stop, mostly flagged."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import torch
+
+from kbench import measurement, protocol
+from kbench.compare import compare_in_chunks
+from kbench.fingerprint import fingerprint, same_fingerprint
+from kbench.grading.channel import Channel, Stop
+from kbench.grading.context import Context
+from kbench.results import Benchmark, params_text
+from kbench.task import Params, Tolerance
+from kbench.verdict import Status, Verdict
+
+_random = random.SystemRandom()  # choices a submission must not be able to predict
+
+# Outputs of timed calls verified per round: the two latest and others picked at random.
+_VERIFIED = 8
+
+# A submission whose achieved bandwidth (the task's minimum bytes over its median time) beats
+# the copy bandwidth measured in the same run by more than this factor did not move those
+# bytes: it skipped work while timed (replayed, cached or left out the computation).
+_MAX_COPY_SHARE = 1.5
+
+# The trusted clock: per case, kbench times this many passes of calls run back to back on its
+# own clock (the best one counts), each pass as many calls as the submission's median says fill
+# _CLOCKED_MS (within 1 and _CLOCKED_MAX_CALLS), so the round trip's noise is small beside it.
+# The submission's median time plus its host dispatch time must explain that pass's time per
+# call, within this share of the median plus this many ms (wider on a CPU, where a pass of warm
+# calls and the cold timed ones differ more).
+_CLOCKED_PASSES = 3
+_CLOCKED_MS = 20.0
+_CLOCKED_MAX_CALLS = 2000
+_CLOCK_SLACK = {"cuda": (0.15, 0.1), "cpu": (0.5, 1.0)}
+
+
+def verify(ctx: Context, channel: Channel, params: Params, kept: list[int]) -> None:
+    """Outputs of timed calls, checked like a case's: the two latest and others picked here at
+    random among those the worker kept (see kbench.worker.kept), against the reference on the
+    same inputs, drawn again here from the seeds the worker used. The comparison is with the
+    reference in the benchmark dtype at twice the task's tolerance: it is there to catch
+    outputs not computed from these inputs. An output whose fingerprint differs from the one
+    taken as its call returned was still being written: flagged."""
+    stage = f"benchmark {params_text(params)}"
+    kept = sorted(set(kept))
+    chosen = kept[-2:] + _random.sample(kept[:-2], min(len(kept) - 2, _VERIFIED - 2)) \
+        if len(kept) > 2 else kept
+    answer = channel.call(protocol.Outputs(chosen), ctx.task.limits.case_s, stage)
+    items = answer.outputs
+    if sorted(i.call for i in items) != sorted(chosen):
+        raise Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker did not send the kept "
+                           "outputs asked for (was kbench's worker code changed in the "
+                           "submission's process?)"))
+    dtype = ctx.task.benchmark_dtype
+    tol = ctx.task.tolerance[dtype]
+    loose = Tolerance(rtol=2 * tol.rtol, atol=2 * tol.atol)
+    for item in items:
+        where = f"{stage}: timed call {item.call}"
+        if item.output is None:
+            raise Stop(Verdict(Status.WRONG_OUTPUT, f"{where} returned {item.output_type}, "
+                               "expected torch.Tensor"))
+        inputs = ctx.reference.make_inputs(params, dtype, "normal", item.seed, ctx.device)
+        with torch.no_grad():
+            expected = ctx.ref_model(*inputs)
+        del inputs
+        if item.norm is not None and not same_fingerprint(fingerprint(item.output), item.norm):
+            raise Stop(Verdict(Status.FLAGGED, f"{where}: the output changed after the call "
+                               "returned (it was still being written)"))
+        outcome = compare_in_chunks(item.output, expected, loose)
+        del expected
+        if not outcome.ok:
+            raise Stop(Verdict(Status.WRONG_OUTPUT, f"{where}: wrong output: {outcome.reason}"))
+    del items, answer
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
+    # The worker holds the outputs until told; the next round, on either side, needs the
+    # memory (see reference_pool.unfit for the plan).
+    channel.call(protocol.Release(), ctx.task.limits.case_s, stage)
+
+
+def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark) -> None:
+    """Time calls on kbench's own clock, where the worker cannot reach: passes of calls back
+    to back on fresh input sets (see kbench.worker.kept.clocked), each call followed by a
+    device-wide synchronisation, no hold, no flush, as one request whose round trip is timed
+    here, less that of the same pass with no call in it. The best pass's time per call must
+    be explained by the submission's median plus its host dispatch time; work hidden from the
+    stopwatch, or a stopwatch tampered with in the worker, shows up as the difference:
+    flagged. The passes' outputs are verified too. Eager mode only: a graph replay's figures
+    leave out the per-call dispatch that such a pass includes."""
+    if ctx.options.timing.value != "eager":
+        return
+    stage = f"benchmark {params_text(bench.params)}"
+    limit = ctx.task.limits.benchmark_s
+    mine = bench.candidate
+    calls = min(_CLOCKED_MAX_CALLS, max(1, math.ceil(_CLOCKED_MS / mine.ms)))
+    best = math.inf
+    for _ in range(_CLOCKED_PASSES):
+        channel.call(protocol.Prepare(params=bench.params, dtype=ctx.task.benchmark_dtype,
+                                      calls=calls), limit, stage)
+        seconds = []
+        for empty in (True, False):
+            t0 = time.perf_counter()
+            answer = channel.call(protocol.Clocked(empty), limit, stage)
+            seconds.append(time.perf_counter() - t0)
+            if answer.calls != calls:
+                raise Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker's clocked pass "
+                                   f"did not run the {calls} calls asked for"))
+        verify(ctx, channel, bench.params, answer.kept)
+        best = min(best, max(0.0, seconds[1] - seconds[0]) * 1e3 / calls)
+    mine.trusted_ms = best
+    cuda = ctx.device.type == "cuda"
+    explained = mine.ms + (mine.host_ms or 0.0 if cuda else 0.0)
+    share, ms = _CLOCK_SLACK[ctx.device.type]
+    if best - explained > share * mine.ms + ms:
+        raise Stop(Verdict(Status.FLAGGED, f"{stage}: kbench's own clock took {best:.4g} ms "
+                           f"per call; the submission's timing explains {explained:.4g} ms "
+                           f"({mine.ms:.4g} ms timed + host dispatch): work was hidden from "
+                           "the stopwatch or the stopwatch was tampered with"))
+
+
+def ordered(bench: Benchmark) -> None:
+    """Work a call left on other streams is charged to its figures (kbench.measurement);
+    where it is a large part of the call, the output was handed back before the work writing
+    it was ordered before the caller's stream, a race for any real caller: flagged."""
+    side = bench.candidate.side_work_ms
+    if side is not None and side > max(measurement.UNORDERED_MS,
+                                       measurement.UNORDERED_SHARE * bench.candidate.ms):
+        raise Stop(Verdict(Status.FLAGGED, f"benchmark {params_text(bench.params)}: the "
+                           f"device stayed busy {side:.3g} ms after the call's stream was "
+                           "done: work left on other streams, not ordered before the caller's "
+                           "stream, so the output was returned before it was ready"))
+
+
+def within_copy_bandwidth(bench: Benchmark, copy_gbps: float | None) -> None:
+    gbps = bench.candidate.gbps
+    if copy_gbps and gbps and gbps > _MAX_COPY_SHARE * copy_gbps:
+        raise Stop(Verdict(Status.FLAGGED, f"benchmark {params_text(bench.params)}: "
+                           f"{gbps:.0f} GB/s is {gbps / copy_gbps:.1f}x the copy bandwidth "
+                           f"measured in this run ({copy_gbps:.0f} GB/s): the timed calls "
+                           "cannot have moved the bytes the task needs"))

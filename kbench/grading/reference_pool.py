@@ -1,0 +1,195 @@
+"""The reference's processes for a whole run: timed at the start, alongside each candidate and
+at the end; torch.compile of it as a second baseline; and the run's reference table with notes
+on what failed or drifted. No reference process ever loads a candidate."""
+
+from __future__ import annotations
+
+import psutil
+import torch
+
+from kbench import measurement, protocol
+from kbench.grading import correctness
+from kbench.grading.channel import Channel, Stop
+from kbench.grading.context import Context
+from kbench.protocol import Samples
+from kbench.results import Benchmark, params_text
+from kbench.sandbox import child_env
+from kbench.task import Params
+from kbench.verdict import Status, Verdict
+
+# Rounds, each in a process of its own on each side, for cases under the task's
+# fresh_rounds_below_ms (see kbench.grading.rounds).
+FRESH_ROUNDS = 8
+
+# Copy-bandwidth buffers (each of source and destination): far past any cache.
+_COPY_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}
+
+
+class ReferenceWorker:
+    """An eager reference's process. On opening it passes the reference's own correctness
+    cases (proof that the tolerances accept its arithmetic, and the same process history as a
+    candidate's); the one named "reference" then measures the copy bandwidth. If it dies it
+    is opened again, up to _REOPEN times."""
+
+    _REOPEN = 2
+
+    def __init__(self, ctx: Context, name: str, skips: list[str | None]) -> None:
+        self.ctx = ctx
+        self.name = name  # of its log
+        self.skips = skips  # per benchmark case: why it cannot run here (shared with the pool)
+        self.channel: Channel | None = None
+        self.copy_gbps: float | None = None
+        self.failure: str | None = None
+        self.opened = 0
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+
+    def samples(self, index: int, params: Params, rounds: int = 1) -> Samples | None:
+        """One round at benchmark ``index``; None if the reference cannot be timed."""
+        if self.skips[index] is not None:
+            return None
+        try:
+            return self._open().samples(params, rounds)
+        except Stop as stop:
+            self.failure = stop.verdict.reason
+            self.close()
+            return None
+
+    def _open(self) -> Channel:
+        if self.channel is not None:
+            return self.channel
+        if self.opened > self._REOPEN:
+            raise Stop(Verdict(Status.INTERNAL_ERROR, self.failure or "no reference"))
+        self.opened += 1
+        ctx = self.ctx
+        channel = Channel(ctx, f"{self.name}.run.log", child_env({}))
+        try:
+            channel.load(ctx.reference_file, True, "Model")
+            correctness.check(ctx, channel, ctx.reference_file, None)
+            if self.copy_gbps is None and self.name == "reference":
+                self.copy_gbps = _copy_gbps(ctx, channel)
+        except BaseException:
+            channel.close()
+            raise
+        self.channel = channel
+        return channel
+
+
+def _copy_gbps(ctx: Context, channel: Channel) -> float | None:
+    """Device-to-device copy bandwidth (bytes read plus written), by the same stopwatch."""
+    nbytes = _COPY_BYTES[ctx.device.type]
+    answer = channel.call(protocol.Copy(nbytes, ctx.timing(1)), ctx.task.limits.benchmark_s,
+                          "copy bandwidth")
+    return measurement.summarise([answer.samples], 2 * nbytes).gbps
+
+
+class ReferencePool:
+    """"reference" (start, end, and alongside each candidate) and, for launch-bound cases,
+    one process per fresh round: round r of a candidate divides the reference's round r in
+    worker r."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.skips: list[str | None] = [None] * len(ctx.benchmarks)
+        self.main = ReferenceWorker(ctx, "reference", self.skips)
+        self.rounds = [self.main] + [ReferenceWorker(ctx, f"reference.round{r + 1}", self.skips)
+                                     for r in range(1, FRESH_ROUNDS)]
+
+    def __enter__(self) -> ReferencePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for worker in self.rounds:
+            worker.close()
+
+    @property
+    def copy_gbps(self) -> float | None:
+        return self.main.copy_gbps
+
+    def plan(self) -> None:
+        """Which benchmark cases fit in memory here (see unfit)."""
+        self.skips[:] = [unfit(self.ctx, params) for params in self.ctx.benchmarks]
+
+    def time_all(self, only: list[Samples | None] | None = None) -> list[Samples | None]:
+        """One round of every case (with ``only``: of the cases timed then)."""
+        return [self.main.samples(i, params) if only is None or only[i] else None
+                for i, params in enumerate(self.ctx.benchmarks)]
+
+    def time_compiled(self) -> tuple[list[Samples | None], str | None]:
+        """torch.compile of the reference, case by case, in its own process; and why it
+        failed, if it did."""
+        ctx = self.ctx
+        timings: list[Samples | None] = [None] * len(ctx.benchmarks)
+        try:
+            with Channel(ctx, "reference.compile.run.log", child_env({})) as channel:
+                channel.load(ctx.reference_file, True, "Model", compile=True)
+                for i, params in enumerate(ctx.benchmarks):
+                    if self.skips[i] is None:
+                        timings[i] = channel.samples(params)
+        except Stop as stop:
+            return timings, stop.verdict.reason
+        return timings, None
+
+    def failures(self) -> set[str]:
+        return {w.failure for w in self.rounds if w.failure}
+
+    def table(self, start: list[Samples | None], end: list[Samples | None] | None,
+              compiled: tuple[list[Samples | None], str | None] | None
+              ) -> tuple[list[Benchmark], list[str]]:
+        """The run's reference per case (start and end, each alone and pooled), and notes on
+        what failed or drifted."""
+        ctx = self.ctx
+        table, notes, drifted = [], [], []
+        for i, params in enumerate(ctx.benchmarks):
+            bench = Benchmark(params=dict(params), dtype=ctx.task.benchmark_dtype,
+                              skipped=self.skips[i])
+            nbytes = ctx.traffic(params)
+            if start[i] is None:
+                bench.skipped = bench.skipped or f"the reference failed: {self.main.failure}"
+            else:
+                bench.reference = bench.reference_start = measurement.summarise([start[i]],
+                                                                                nbytes)
+                last = end[i] if end else None
+                if last is not None:
+                    bench.reference_end = measurement.summarise([last], nbytes)
+                    bench.reference = measurement.summarise([start[i], last], nbytes)
+                    bench.drift = measurement.drift(bench.reference_start, bench.reference_end)
+                    if bench.drift:
+                        drifted.append(f"{params_text(params)} {bench.drift}")
+            if compiled and compiled[0][i]:
+                bench.compiled = measurement.summarise([compiled[0][i]], nbytes)
+            table.append(bench)
+        if compiled and compiled[1]:
+            notes.append(f"torch.compile of the reference failed, no speedups over it: "
+                         f"{compiled[1]}")
+        if end:
+            notes += [f"the reference's process {w.name} failed during the run ({w.failure}); "
+                      "shapes it could not time alongside a submission have no speedup for "
+                      "that submission" for w in self.rounds if w.failure]
+        if drifted:
+            notes.append("the machine drifted: the reference timed at the end of the run "
+                         "disagrees with its start beyond noise on " + "; ".join(drifted)
+                         + ". Speedups are not affected as much: each divides reference "
+                         "rounds taken alternately with the submission's.")
+        return table, notes
+
+
+def unfit(ctx: Context, params: Params) -> str | None:
+    """Why a benchmark case cannot run here: an input and an output being made and two kept
+    for verification must fit, about twice the bytes one call must move."""
+    need = 2 * ctx.traffic(params)
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
+        free, where = torch.cuda.mem_get_info(ctx.device)[0], "on the device"
+    else:
+        free = min(psutil.virtual_memory().available,
+                   int(ctx.task.limits.host_memory_gib * 2**30))
+        where = "in host memory (within limits.host_memory_gib)"
+    if need > 0.9 * free:
+        return f"needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free {where}"
+    return None
+
+

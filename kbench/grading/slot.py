@@ -1,0 +1,75 @@
+"""One slot of a device evaluating one built submission: load it in a fresh process, check
+every case, recheck the outputs, time it against the reference pool; one verdict, whatever
+happens in between."""
+
+from __future__ import annotations
+
+import traceback
+
+from kbench import backends, scan
+from kbench.discovery import Submission
+from kbench.grading import building, correctness, rounds
+from kbench.grading.building import Built
+from kbench.grading.channel import Channel, Stop
+from kbench.grading.context import Context
+from kbench.grading.reference_pool import ReferencePool
+from kbench.grading.watch import Watcher, tampered
+from kbench.results import Benchmark, SubmissionResult
+from kbench.verdict import Status, Verdict
+
+
+class Slot:
+    def __init__(self, ctx: Context, watcher: Watcher, pool: ReferencePool) -> None:
+        self.ctx = ctx
+        self.watcher = watcher
+        self.pool = pool
+
+    def evaluate(self, sub: Submission, built: Built,
+                 reference: list[Benchmark]) -> SubmissionResult:
+        ctx = self.ctx
+        source = sub.path.read_text(errors="replace")
+        result = SubmissionResult(
+            name=sub.name, path=str(sub.path), sha256=sub.sha256,
+            status=Status.OK, cases_total=len(ctx.cases), flags=scan.flags(source),
+            build_s=round(built.seconds, 2), logs=[str(ctx.logs / f"{sub.name}.build.log")])
+        verdict = built.verdict
+        changed = self.watcher.watch([sub.path], [ctx.logs, building.folder(ctx, sub)])
+        if verdict is None:
+            verdict = backends.for_source(source).cannot_run(ctx.device.type, ctx.toolchain)
+        if verdict is None:
+            result.logs.append(str(ctx.logs / f"{sub.name}.run.log"))
+            try:
+                self._run(sub, result, reference)
+                verdict = Verdict(Status.OK)
+            except Stop as stop:
+                verdict, result.failure = stop.verdict, stop.failure
+            except Exception as exc:  # a kbench bug must not end the run or blame the submission
+                traceback.print_exc()
+                verdict = Verdict(Status.INTERNAL_ERROR, f"kbench failed: {exc!r}")
+        if lines := changed():
+            verdict = tampered("while graded", lines)
+        result.status, result.reason = verdict.status, verdict.reason
+        return result
+
+    def _run(self, sub: Submission, result: SubmissionResult,
+             reference: list[Benchmark]) -> None:
+        ctx = self.ctx
+        with Channel(ctx, f"{sub.name}.run.log", building.env(ctx, sub)) as channel:
+            channel.load(sub, instantiate=True)
+            correctness.recheck(ctx, sub, correctness.check(ctx, channel, sub, result))
+            if ctx.options.timed:
+                rounds.time_submission(ctx, channel, result, reference, self.pool,
+                                       lambda r: self._round_channel(sub, r, result))
+
+    def _round_channel(self, sub: Submission, r: int, result: SubmissionResult) -> Channel:
+        """A new process for round ``r`` of the submission's launch-bound cases (see
+        kbench.grading.rounds), its instance loaded from the warm build cache."""
+        log = f"{sub.name}.round{r + 1}.log"
+        result.logs.append(str(self.ctx.logs / log))
+        channel = Channel(self.ctx, log, building.env(self.ctx, sub))
+        try:
+            channel.load(sub, instantiate=True, stage=f"load (timing round {r + 1})")
+        except BaseException:
+            channel.close()
+            raise
+        return channel

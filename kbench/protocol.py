@@ -1,0 +1,343 @@
+"""What the trusted side and a worker say to each other: typed, versioned messages.
+
+Both sides import this module and nothing else of kbench's (it imports only torch and the
+standard library). A message crosses the channel as a plain dict, ``{"v": VERSION, "kind":
+class name, field: value, ...}``, so the parent's allow-list unpickler (kbench.sandbox) never
+needs to build a kbench class from a worker's bytes. ``decode`` turns a dict back into its
+dataclass and checks every field's type against the dataclass's annotations: an answer from a
+worker is data from a process that may run candidate code, so nothing is used unchecked.
+
+Requests and the answer each expects:
+
+  Load      -> Loaded                 import the file; with ``instantiate``, build the model
+  Run       -> Ran | NotATensor       one call on the parent's inputs (shared memory)
+  Time      -> Timed                  one round of the stopwatch on secret-seeded inputs
+  Prepare   -> Prepared               input sets for a Clocked pass
+  Clocked   -> ClockedPass            the pass the parent times on its own clock
+  Outputs   -> KeptOutputs            outputs kept by Time or Clocked, with their seeds
+  Copy      -> Timed                  the copy-bandwidth yardstick
+  Release   -> Released               drop every kept output, free device memory
+  Exit                                (no answer)
+
+Any request may instead be answered with Failed (an exception, as text).
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from typing import Any, ClassVar
+
+import torch
+
+VERSION = 2
+
+
+class ProtocolError(ValueError):
+    """A message is not one this version of kbench sends."""
+
+
+class BadSamples(ProtocolError):
+    """A worker's timing answer is not what kbench's stopwatch sends."""
+
+
+# -- settings and records carried inside messages -------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    """The stopwatch's settings for one measurement (kbench.worker.timing.measure)."""
+
+    warmup_ms: float
+    min_samples: int
+    max_samples: int
+    budget_ms: float
+    target_ci: float
+    mode: str = "eager"  # or "graph"
+
+
+_LISTS = ("ms", "after_ms", "idle_ms", "host_ms", "sm_mhz", "mem_mhz", "slowed")
+
+
+@dataclass
+class Samples:
+    """What the stopwatch measured: per-call times in ms and what the device was doing."""
+
+    ms: list[float] = field(default_factory=list)  # per call: events (CUDA) or wall clock (CPU)
+    # CUDA: per call, device time from the end event until the device was idle: work left on
+    # other streams, plus the synchronisation's cost and jitter (the trusted side tells them
+    # apart over all samples, against idle_ms); 0 on a CPU.
+    after_ms: list[float] = field(default_factory=list)
+    # CUDA: per call, the same figure for a probe with no side work run right after it: what
+    # synchronising cost in the process's state at that moment; 0 on a CPU.
+    idle_ms: list[float] = field(default_factory=list)
+    host_ms: list[float] = field(default_factory=list)  # host time to issue the call (CUDA)
+    sm_mhz: list[int | None] = field(default_factory=list)  # read right after each sample
+    mem_mhz: list[int | None] = field(default_factory=list)
+    slowed: list[bool] = field(default_factory=list)  # NVML reported a slowdown reason
+    max_sm_mhz: int | None = None
+    calls_per_sample: int = 1
+    persisting_l2_reset: bool | None = None  # CUDA: could the runtime's reset be called
+    exclusive_hold: bool | None = None  # CUDA: did the hold fill every SM
+    kept: list[int] = field(default_factory=list)  # calls whose outputs were kept to verify
+
+    @classmethod
+    def from_wire(cls, data: object) -> Samples:
+        """Samples from a worker's dict; BadSamples unless it is what the stopwatch sends."""
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in _LISTS):
+            raise BadSamples("the worker sent no sample lists")
+        ms = data["ms"]
+        if not ms or not all(type(v) is float and math.isfinite(v) and v > 0 for v in ms):
+            raise BadSamples("the worker sent no valid timings")
+        if any(len(data[k]) != len(ms) for k in _LISTS):
+            raise BadSamples("the worker's sample lists differ in length")
+        if not all(type(v) is float and math.isfinite(v)
+                   for k in ("after_ms", "idle_ms", "host_ms") for v in data[k]):
+            raise BadSamples("the worker sent invalid device-busy or host times")
+        try:
+            return _build(cls, data, "samples")
+        except ProtocolError as exc:
+            raise BadSamples(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class WorkerError:
+    """An exception raised in the worker, as text: the trusted side reads it (kbench.verdict)."""
+
+    stage: str  # import, init, run, benchmark, copy bandwidth
+    type: str  # module.QualifiedName
+    message: str
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class KeptOutput:
+    """A kept output of a timed call: the parent draws the same inputs from ``seed``."""
+
+    call: int
+    seed: int
+    output: torch.Tensor | None  # None when the call returned something else
+    output_type: str
+    norm: float | None  # its fingerprint when the call returned (None: not taken)
+
+
+# -- answers ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request raised; what was raised, as text."""
+
+    error: WorkerError
+
+
+@dataclass(frozen=True)
+class Loaded:
+    pass
+
+
+@dataclass(frozen=True)
+class Ran:
+    """The output of one call and a copy of it taken as the call returned (the parent
+    judges the copy and later compares the output with it)."""
+
+    output: torch.Tensor  # the worker's own, shared: it can still write it
+    returned: torch.Tensor  # a copy made the moment the call returned
+    aliases_input: bool
+
+
+@dataclass(frozen=True)
+class NotATensor:
+    output_type: str  # what the call returned instead: a wrong output
+
+
+@dataclass(frozen=True)
+class Timed:
+    samples: Samples
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Input sets are ready for a clocked pass of this many calls."""
+
+    calls: int
+
+
+@dataclass(frozen=True)
+class ClockedPass:
+    calls: int
+    kept: list[int]
+
+
+@dataclass(frozen=True)
+class KeptOutputs:
+    """The kept outputs asked for (every other kept output is dropped), each shared with
+    the parent and alive until the next request."""
+
+    outputs: list[KeptOutput]
+
+
+@dataclass(frozen=True)
+class Released:
+    pass
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Load:
+    answers: ClassVar[tuple[type, ...]] = (Loaded,)
+    path: str
+    module_name: str
+    class_name: str
+    init_args: list[Any]
+    device: str
+    reference: str  # module with make_inputs: the worker draws timing inputs itself
+    instantiate: bool
+    compile: bool = False
+
+
+@dataclass(frozen=True)
+class Run:
+    answers: ClassVar[tuple[type, ...]] = (Ran, NotATensor)
+    inputs: list[Any]
+
+
+@dataclass(frozen=True)
+class Time:
+    """One round of the stopwatch on one case; the worker draws every input set itself from
+    a fresh secret seed, so the parent sends sizes, never values."""
+
+    answers: ClassVar[tuple[type, ...]] = (Timed,)
+    params: dict[str, int]
+    dtype: str
+    timing: TimingSettings
+    keep: bool = False  # hold some outputs for Outputs
+
+
+@dataclass(frozen=True)
+class Prepare:
+    """Draw the input sets a Clocked pass of ``calls`` calls will rotate over."""
+
+    answers: ClassVar[tuple[type, ...]] = (Prepared,)
+    params: dict[str, int]
+    dtype: str
+    calls: int
+
+
+@dataclass(frozen=True)
+class Clocked:
+    answers: ClassVar[tuple[type, ...]] = (ClockedPass,)
+    empty: bool  # the same loop with no call in it
+
+
+@dataclass(frozen=True)
+class Outputs:
+    answers: ClassVar[tuple[type, ...]] = (KeptOutputs,)
+    calls: list[int]
+
+
+@dataclass(frozen=True)
+class Copy:
+    answers: ClassVar[tuple[type, ...]] = (Timed,)
+    nbytes: int
+    timing: TimingSettings
+
+
+@dataclass(frozen=True)
+class Release:
+    answers: ClassVar[tuple[type, ...]] = (Released,)
+
+
+@dataclass(frozen=True)
+class Exit:
+    answers: ClassVar[tuple[type, ...]] = ()
+
+
+Request = Load | Run | Time | Prepare | Clocked | Outputs | Copy | Release | Exit
+Answer = (Failed | Loaded | Ran | NotATensor | Timed | Prepared | ClockedPass | KeptOutputs
+          | Released)
+
+REQUESTS = typing.get_args(Request)
+_KINDS = {cls.__name__: cls for cls in REQUESTS + typing.get_args(Answer)}
+
+
+# -- the wire --------------------------------------------------------------------------------
+
+
+def encode(message: Request | Answer) -> dict:
+    """The dict that crosses the channel (tensors stay tensors)."""
+    wire = {f.name: getattr(message, f.name) for f in fields(message)}
+    for name, value in wire.items():
+        if is_dataclass(value):
+            wire[name] = asdict(value)
+        elif isinstance(value, list) and value and is_dataclass(value[0]):
+            wire[name] = [asdict(v) for v in value]
+    return {"v": VERSION, "kind": type(message).__name__, **wire}
+
+
+def decode(data: object, expected: tuple[type, ...]) -> Any:
+    """The message in ``data`` if it is one of ``expected`` (Failed always is), every field
+    of the type its annotation names; else ProtocolError saying what is wrong."""
+    if not isinstance(data, dict):
+        raise ProtocolError(f"a message is a dict, got {type(data).__name__}")
+    if data.get("v") != VERSION:
+        raise ProtocolError(f"protocol version {data.get('v')!r}, expected {VERSION}")
+    cls = _KINDS.get(data.get("kind")) if isinstance(data.get("kind"), str) else None
+    if cls is None or (cls not in expected and cls is not Failed):
+        wanted = " or ".join(c.__name__ for c in expected)
+        raise ProtocolError(f"a message of kind {data.get('kind')!r}, expected {wanted}")
+    body = {k: v for k, v in data.items() if k not in ("v", "kind")}
+    return _build(cls, body, cls.__name__)
+
+
+def _build(cls: type, data: object, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ProtocolError(f"{where}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in fields(cls)}
+    if unknown := sorted(map(str, set(data) - names)):
+        raise ProtocolError(f"{where}: unknown field {unknown[0]!r}")
+    values = {}
+    for f in fields(cls):
+        if f.name in data:
+            values[f.name] = _check(hints[f.name], data[f.name], f"{where}.{f.name}")
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise ProtocolError(f"{where}: missing field {f.name!r}")
+    return cls(**values)
+
+
+def _check(hint: Any, value: object, where: str) -> Any:
+    """``value`` if it is of type ``hint`` (exactly: a bool is no int, an int no float)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return _check(option, value, where)
+            except ProtocolError:
+                continue
+        raise ProtocolError(f"{where}: expected {hint}, got {type(value).__name__}")
+    if hint is Any:
+        return value
+    if origin is list:
+        if type(value) is not list:
+            raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(hint)
+        return [_check(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        key, item = typing.get_args(hint)
+        if type(value) is not dict:
+            raise ProtocolError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return {_check(key, k, where): _check(item, v, f"{where}.{k}") for k, v in value.items()}
+    if hint is Samples:
+        return Samples.from_wire(value)
+    if is_dataclass(hint):
+        return _build(hint, value, where)
+    wanted = type(None) if hint is None else hint
+    if type(value) is not wanted:
+        raise ProtocolError(f"{where}: expected {getattr(wanted, '__name__', wanted)}, got "
+                            f"{type(value).__name__}")
+    return value
