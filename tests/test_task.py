@@ -66,3 +66,12 @@ def test_invalid_yaml_and_unknown_task(tmp_path):
         load_task(str(bad))
     with pytest.raises(TaskError, match="no task named 'softmax'.*known: l2norm"):
         load_task("softmax")
+
+
+def test_cases_are_named_by_the_task_s_parameters(tmp_path):
+    task = load_task(str(write(tmp_path, lambda r: r["benchmarks"].update(
+        cpu=[{"dim": 8, "batch": 2}, [3, 5]]))))
+    assert task.benchmarks["cpu"] == ({"batch": 2, "dim": 8}, {"batch": 3, "dim": 5})
+    assert task.min_bytes({"batch": 2, "dim": 8}, "float32") == 2 * 2 * 8 * 4
+    with pytest.raises(TaskError, match=r"benchmarks.cpu\[0\].rows: expected one of the keys"):
+        load_task(str(write(tmp_path, lambda r: r["benchmarks"].update(cpu=[{"rows": 2}]))))

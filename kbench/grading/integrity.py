@@ -15,6 +15,7 @@ from kbench.compare import compare_in_chunks
 from kbench.fingerprint import fingerprint, same_fingerprint
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
+from kbench.grading.options import TimingMode
 from kbench.results import Benchmark, params_text
 from kbench.task import Params, Tolerance
 from kbench.verdict import Status, Verdict
@@ -94,7 +95,7 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark) -> None:
     stopwatch, or a stopwatch tampered with in the worker, shows up as the difference:
     flagged. The passes' outputs are verified too. Eager mode only: a graph replay's figures
     leave out the per-call dispatch that such a pass includes."""
-    if ctx.options.timing.value != "eager":
+    if ctx.options.timing is not TimingMode.EAGER:
         return
     stage = f"benchmark {params_text(bench.params)}"
     limit = ctx.task.limits.benchmark_s

@@ -1,0 +1,54 @@
+"""Backends: which one claims a submission, and why it cannot build or run here."""
+
+from pathlib import Path
+
+from kbench import backends
+from kbench.grading.executor import Job
+from kbench.grading.options import Device, Options, OptionsError, TimingMode
+from kbench.toolchain import Toolchain
+from kbench.verdict import Status
+
+CUDA_SOURCE = 'load_inline(name="x", cpp_sources="", cuda_sources="__global__ void k() {}")'
+
+
+def test_cuda_source_is_claimed_by_the_cuda_backend_and_the_rest_by_pytorch():
+    assert backends.for_source(CUDA_SOURCE).name == "cuda"
+    assert backends.for_source("import torch\nclass ModelNew: pass\n").name == "pytorch"
+
+
+def test_why_a_cuda_submission_cannot_build_or_run_here():
+    cuda = backends.for_source(CUDA_SOURCE)
+    none = Toolchain(None, None, "9.0")
+    assert cuda.unavailable(none, "nvcc: broken").status is Status.ENVIRONMENT_ERROR
+    assert cuda.unavailable(none, None).status is Status.SKIPPED
+    found = Toolchain("/usr/local/cuda", "13.0", "9.0")
+    assert cuda.unavailable(found, None) is None
+    assert cuda.cannot_run("cpu", found).status is Status.SKIPPED
+    assert cuda.cannot_run("cuda", found) is None
+    plain = backends.for_source("")
+    assert plain.unavailable(none, "nvcc: broken") is None and plain.cannot_run("cpu", none) is None
+    env = plain.env(found, Path("/tmp/b"), 3)
+    assert env["TORCH_EXTENSIONS_DIR"] == "/tmp/b" and env["MAX_JOBS"] == "3"
+
+
+def test_options_are_typed_and_checked_once(tmp_path):
+    options = Options(device="cpu", out_dir=tmp_path, cache_dir=tmp_path, jobs=2, seed=5)
+    assert options.device is Device.CPU and options.timing is TimingMode.EAGER
+    assert Options.from_dict(options.to_dict()) == options
+    for bad, message in (({"timing": "graph"}, "--timing graph"), ({"jobs": 0}, "--jobs 0"),
+                         ({"device": "tpu"}, "--device tpu")):
+        fields = {**options.to_dict(), **bad}
+        try:
+            Options.from_dict(fields)
+        except OptionsError as exc:
+            assert message in str(exc)
+        else:
+            raise AssertionError(f"{bad} accepted")
+
+
+def test_a_job_is_a_plain_value(tmp_path):
+    job = Job(task="tasks/l2norm.yaml", name="a", path="a.py", sha256="0" * 64,
+              options=Options(device="cpu", out_dir=tmp_path, cache_dir=tmp_path, jobs=1,
+                              seed=1).to_dict())
+    assert Job.from_dict(job.to_dict()) == job
+    assert job.submission().name == "a"

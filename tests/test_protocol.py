@@ -1,0 +1,88 @@
+"""The messages between the trusted side and a worker: typed, versioned, checked on decoding."""
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from kbench import protocol as p
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def samples_wire(n: int = 3) -> dict:
+    return {"ms": [1.0] * n, "after_ms": [0.0] * n, "idle_ms": [0.0] * n, "host_ms": [0.01] * n,
+            "sm_mhz": [None] * n, "mem_mhz": [None] * n, "slowed": [False] * n, "kept": [1, 2]}
+
+
+@pytest.mark.parametrize("message", [
+    p.Load(path="/x.py", module_name="m", class_name="ModelNew", init_args=[1, 2.0],
+           device="cpu", reference="kbench.reference.l2norm", instantiate=True),
+    p.Time(params={"batch": 2, "dim": 3}, dtype="float32", keep=True,
+           timing=p.TimingSettings(5.0, 3, 10, 20.0, 0.01, "eager")),
+    p.Outputs([3, 1]),
+    p.Release(),
+    p.KeptOutputs([p.KeptOutput(call=1, seed=7, output=torch.ones(2), output_type="torch.Tensor",
+                                norm=1.5)]),
+    p.Failed(p.WorkerError("run", "builtins.ValueError", "bad", "trace")),
+])
+def test_every_message_survives_the_wire(message):
+    decoded = p.decode(p.encode(message), (type(message),))
+    assert type(decoded) is type(message)
+    if isinstance(message, p.KeptOutputs):
+        assert torch.equal(decoded.outputs[0].output, message.outputs[0].output)
+        assert decoded.outputs[0].seed == 7
+    else:
+        assert decoded == message
+
+
+def test_timed_samples_are_checked_as_they_are_decoded():
+    wire = {"v": p.VERSION, "kind": "Timed", "samples": samples_wire()}
+    assert p.decode(wire, (p.Timed,)).samples.kept == [1, 2]
+    wire["samples"]["ms"][1] = float("nan")
+    with pytest.raises(p.BadSamples, match="no valid timings"):
+        p.decode(wire, (p.Timed,))
+
+
+@pytest.mark.parametrize("wire, message", [
+    ("ok", "a message is a dict"),
+    ({"v": 1, "kind": "Released"}, "protocol version 1"),
+    ({"v": p.VERSION, "kind": "Timed", "samples": samples_wire()}, "expected Released"),
+    ({"v": p.VERSION, "kind": "os.system"}, "kind 'os.system'"),
+    ({"v": p.VERSION, "kind": "Prepared", "calls": True}, "Prepared.calls: expected int"),
+    ({"v": p.VERSION, "kind": "Prepared", "calls": 3, "extra": 1}, "unknown field 'extra'"),
+    ({"v": p.VERSION, "kind": "Prepared"}, "missing field 'calls'"),
+    ({"v": p.VERSION, "kind": "ClockedPass", "calls": 3, "kept": [1, "2"]}, r"kept\[1\]"),
+    ({"v": p.VERSION, "kind": "Ran", "output": [1.0], "returned": torch.ones(1),
+      "aliases_input": False}, "Ran.output"),
+])
+def test_what_a_worker_never_sends_is_refused(wire, message):
+    expected = (p.Released,) if isinstance(wire, dict) and wire.get("kind") == "Timed" else \
+        (p.Released, p.Prepared, p.ClockedPass, p.Ran)
+    with pytest.raises(p.ProtocolError, match=message):
+        p.decode(wire, expected)
+
+
+def test_a_failure_is_an_answer_to_any_request():
+    failed = p.encode(p.Failed(p.WorkerError("import", "builtins.ImportError", "no")))
+    assert isinstance(p.decode(failed, p.Outputs.answers), p.Failed)
+
+
+def test_the_worker_imports_only_the_protocol_pure_helpers_and_torch():
+    allowed = {"kbench.protocol", "kbench.fingerprint", "kbench.stats", "torch"}
+    for path in (ROOT / "kbench" / "worker").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module == "kbench":
+                names = [f"kbench.{a.name}" for a in node.names]
+            else:
+                names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for name in names:
+                if name.startswith(("kbench", "torch")):
+                    assert name.startswith("kbench.worker") or name.split(".")[0] == "torch" \
+                        or name in allowed, f"{path.name} imports {name}"
+    for name in ("protocol.py", "fingerprint.py", "stats.py"):  # and those import no kbench
+        source = (ROOT / "kbench" / name).read_text()
+        assert "from kbench" not in source and "import kbench" not in source, name
