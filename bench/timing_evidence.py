@@ -86,7 +86,7 @@ def repeat(out: Path, runs: int, save, timing: str, shapes: int | None) -> tuple
 
 def repeat_table(results: list[dict]) -> tuple[dict, str]:
     runs = len(results)
-    ref_ms = {tuple(b["shape"]): b["reference"]["ms"] for b in results[0]["reference"]
+    ref_ms = {tuple(b["params"].values()): b["reference"]["ms"] for b in results[0]["reference"]
               if b["reference"]}
     rows, data = [], {"runs": runs, "device": results[0]["environment"]["device_name"],
                       "submissions": {}, "copy_gbps": [], "reference_gbps": {}, "drift": []}
@@ -95,8 +95,8 @@ def repeat_table(results: list[dict]) -> tuple[dict, str]:
         data["drift"] += r["notes"]
         for b in r["reference"]:
             if b["reference"]:
-                data["reference_gbps"].setdefault("x".join(map(str, b["shape"])), []).append(
-                    b["reference"]["gbps"])
+                name = "x".join(map(str, b["params"].values()))
+                data["reference_gbps"].setdefault(name, []).append(b["reference"]["gbps"])
     for path in SUBMISSIONS:
         name = path.stem
         subs = [next(s for s in r["submissions"] if s["name"] == name) for r in results]
@@ -107,7 +107,7 @@ def repeat_table(results: list[dict]) -> tuple[dict, str]:
             rows.append([name, "/".join(verdicts), "-", "not timed (not correct)", "-", "-"])
             continue
         for k, bench in enumerate(subs[0]["benchmarks"]):
-            shape = tuple(bench["shape"])
+            shape = tuple(bench["params"].values())
             speedups = [s["benchmarks"][k]["speedup"] for s in subs]
             if None in speedups:
                 continue
@@ -214,7 +214,7 @@ def kbench_ms(model, shape: tuple[int, int], flush: bool = True) -> stats.Estima
 
 
 def agree() -> tuple[dict, str]:
-    shapes = load_task("l2norm").benchmarks["cuda"]
+    shapes = [tuple(p.values()) for p in load_task("l2norm").benchmarks["cuda"]]
     rows, data = [], []
     for side in ("reference", "l2norm_v3"):
         model = model_for(side)
@@ -246,7 +246,7 @@ def agree() -> tuple[dict, str]:
 # -- flush -------------------------------------------------------------------------------------
 
 def flush_effect() -> tuple[dict, str]:
-    shapes = load_task("l2norm").benchmarks["cuda"]
+    shapes = [tuple(p.values()) for p in load_task("l2norm").benchmarks["cuda"]]
     model = Model().cuda()
     rows, data = [], []
     for shape in (shapes[0], shapes[-1]):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import types
 import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -269,27 +269,31 @@ _KINDS = {cls.__name__: cls for cls in REQUESTS + typing.get_args(Answer)}
 
 
 def encode(message: Request | Answer) -> dict:
-    """The dict that crosses the channel (tensors stay tensors)."""
-    wire = {f.name: getattr(message, f.name) for f in fields(message)}
-    for name, value in wire.items():
-        if is_dataclass(value):
-            wire[name] = asdict(value)
-        elif isinstance(value, list) and value and is_dataclass(value[0]):
-            wire[name] = [asdict(v) for v in value]
-    return {"v": VERSION, "kind": type(message).__name__, **wire}
+    """The dict that crosses the channel. Tensors stay the very tensors (never copies: a
+    kept output must reach the parent as the worker's own memory, shared)."""
+    return {"v": VERSION, "kind": type(message).__name__, **_plain(message)}
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if type(value) is list:
+        return [_plain(v) for v in value]
+    return value
 
 
 def decode(data: object, expected: tuple[type, ...]) -> Any:
     """The message in ``data`` if it is one of ``expected`` (Failed always is), every field
     of the type its annotation names; else ProtocolError saying what is wrong."""
-    if not isinstance(data, dict):
+    if type(data) is not dict:
         raise ProtocolError(f"a message is a dict, got {type(data).__name__}")
-    if data.get("v") != VERSION:
-        raise ProtocolError(f"protocol version {data.get('v')!r}, expected {VERSION}")
-    cls = _KINDS.get(data.get("kind")) if isinstance(data.get("kind"), str) else None
+    version, kind = data.get("v"), data.get("kind")
+    if type(version) is not int or version != VERSION:
+        raise ProtocolError(f"protocol version {_shown(version)}, expected {VERSION}")
+    cls = _KINDS.get(kind) if type(kind) is str else None
     if cls is None or (cls not in expected and cls is not Failed):
         wanted = " or ".join(c.__name__ for c in expected)
-        raise ProtocolError(f"a message of kind {data.get('kind')!r}, expected {wanted}")
+        raise ProtocolError(f"a message of kind {_shown(kind)}, expected {wanted}")
     body = {k: v for k, v in data.items() if k not in ("v", "kind")}
     return _build(cls, body, cls.__name__)
 
@@ -299,8 +303,8 @@ def _build(cls: type, data: object, where: str) -> Any:
         raise ProtocolError(f"{where}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in fields(cls)}
-    if unknown := sorted(map(str, set(data) - names)):
-        raise ProtocolError(f"{where}: unknown field {unknown[0]!r}")
+    if unknown := [k for k in data if k not in names]:
+        raise ProtocolError(f"{where}: unknown field {_shown(unknown[0])}")
     values = {}
     for f in fields(cls):
         if f.name in data:
@@ -331,13 +335,21 @@ def _check(hint: Any, value: object, where: str) -> Any:
         key, item = typing.get_args(hint)
         if type(value) is not dict:
             raise ProtocolError(f"{where}: expected a mapping, got {type(value).__name__}")
-        return {_check(key, k, where): _check(item, v, f"{where}.{k}") for k, v in value.items()}
+        return {_check(key, k, where): _check(item, v, f"{where}.{_shown(k)}")
+                for k, v in value.items()}
     if hint is Samples:
         return Samples.from_wire(value)
     if is_dataclass(hint):
         return _build(hint, value, where)
-    wanted = type(None) if hint is None else hint
-    if type(value) is not wanted:
-        raise ProtocolError(f"{where}: expected {getattr(wanted, '__name__', wanted)}, got "
+    if type(value) is not hint:
+        raise ProtocolError(f"{where}: expected {getattr(hint, '__name__', hint)}, got "
                             f"{type(value).__name__}")
     return value
+
+
+def _shown(value: object) -> str:
+    """A value from a worker, for a message: strings short, anything else by its type only
+    (a repr of hostile data could be huge or never end)."""
+    if type(value) is str:
+        return repr(value[:40])
+    return str(value) if type(value) is int and abs(value) < 1 << 62 else type(value).__name__

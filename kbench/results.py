@@ -58,7 +58,7 @@ class Benchmark:
     def from_dict(cls, data: dict) -> Benchmark:
         sides = ("reference", "reference_start", "reference_end", "compiled", "candidate")
         data = dict(data)
-        if "shape" in data:  # stored by kbench 0.2 and earlier: sizes without names
+        if "shape" in data:  # stored before kbench 0.3: sizes without names
             data["params"] = {f"d{i}": v for i, v in enumerate(data.pop("shape"))}
         return cls(**{k: Measurement(**v) if k in sides and v else v for k, v in data.items()})
 

@@ -57,11 +57,11 @@ cpp_source = "torch::Tensor {kernel}_forward({cpp_params});"
 # folder, so the extension name only has to be unique within this file.
 extension = load_inline(
     name="{kernel}_ext",
+    functions=["{kernel}_forward"],
     cpp_sources=cpp_source,
     cuda_sources=cuda_source,
-    functions=["{kernel}_forward"],
-    extra_cuda_cflags=["-O3"],
     verbose=True,  # the compiler's output lands in kbench's build log
+    extra_cuda_cflags=["-O3"],
 )
 
 

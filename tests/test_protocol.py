@@ -86,3 +86,22 @@ def test_the_worker_imports_only_the_protocol_pure_helpers_and_torch():
     for name in ("protocol.py", "fingerprint.py", "stats.py"):  # and those import no kbench
         source = (ROOT / "kbench" / name).read_text()
         assert "from kbench" not in source and "import kbench" not in source, name
+
+
+def test_tensors_cross_as_the_worker_s_own_memory_never_copies():
+    out = torch.ones(4)
+    wire = p.encode(p.KeptOutputs([p.KeptOutput(call=1, seed=2, output=out,
+                                                 output_type="torch.Tensor", norm=None)]))
+    assert wire["outputs"][0]["output"] is out  # shared: later writes stay visible
+
+
+@pytest.mark.parametrize("wire", [
+    {"v": torch.ones(2), "kind": "Released"},
+    {"v": p.VERSION, "kind": [[[[]]]]},
+    {"v": 10**5000, "kind": "Released"},
+    {"v": p.VERSION, "kind": "Prepared", "calls": 1, ("x",) * 3: 1},
+])
+def test_hostile_values_are_refused_without_echoing_them(wire):
+    with pytest.raises(p.ProtocolError) as err:
+        p.decode(wire, (p.Released, p.Prepared))
+    assert len(str(err.value)) < 200

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
 from kbench.grading.watch import Watcher, tampered
 from kbench.sandbox import child_env
-from kbench.verdict import Verdict
+from kbench.verdict import Status, Verdict
 
 
 @dataclass(frozen=True)
@@ -76,4 +77,8 @@ def _build(ctx: Context, sub: Submission, parallel: int,
             channel.load(sub, instantiate=False, stage="build")
     except Stop as stop:
         return Built(stop.verdict, time.monotonic() - start)
+    except Exception as exc:  # a kbench bug must not end the run or blame the submission
+        traceback.print_exc()
+        return Built(Verdict(Status.INTERNAL_ERROR, f"kbench failed: {exc!r}"),
+                     time.monotonic() - start)
     return Built(None, time.monotonic() - start)

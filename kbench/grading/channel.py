@@ -51,10 +51,12 @@ class Channel:
             answer = protocol.decode(raw, request.answers)
         except protocol.BadSamples as exc:
             raise Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: {exc}")) from None
-        except protocol.ProtocolError as exc:
+        except Exception as exc:  # ProtocolError, or hostile data that broke the decoding
             self.box.kill()
+            why = str(exc)[:300] if isinstance(exc, protocol.ProtocolError) else \
+                type(exc).__name__
             raise Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker sent a malformed "
-                               f"answer ({exc}); was kbench's worker code changed in the "
+                               f"answer ({why}); was kbench's worker code changed in the "
                                "submission's process?")) from None
         if isinstance(answer, protocol.Failed):
             raise Stop(verdicts.from_error(answer.error, stage, self.ctx.device.type,

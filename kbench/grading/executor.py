@@ -37,7 +37,11 @@ class Job:
                    options=options.to_dict())
 
     def submission(self) -> Submission:
-        return Submission(self.name, Path(self.path))
+        """The file, under the hash the job was made with: what its result is stored and
+        reused under, even if the file changes while the run goes on."""
+        sub = Submission(self.name, Path(self.path))
+        sub.__dict__["sha256"] = self.sha256  # the cached_property's value, set
+        return sub
 
     def to_dict(self) -> dict:
         return {"task": self.task, "name": self.name, "path": self.path,
@@ -95,7 +99,8 @@ class LocalExecutor:
         if any(Path(job.task) != ctx.task.path for job in jobs):
             raise ValueError("LocalExecutor runs the jobs of the task it was made for")
         submissions = [job.submission() for job in jobs]
-        ctx.say(f"building {len(submissions)} submission(s), {ctx.options.jobs} at a time")
+        ctx.say(f"building {len(submissions)} submission(s), "
+                f"{max(1, min(ctx.options.jobs, len(submissions)))} at a time")
         built = building.build_all(ctx, self.watcher, submissions, self.environment_problem)
         with ReferencePool(ctx) as pool:
             reference, start, compiled = self._reference_at_start(pool, sink)
