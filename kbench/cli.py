@@ -17,9 +17,7 @@ from typing import TYPE_CHECKING
 from kbench import __version__, paths
 
 if TYPE_CHECKING:  # imported lazily at run time: `kbench --help` stays fast
-    from kbench.discovery import Submission
     from kbench.store import Store
-    from kbench.task import Task
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,8 +41,9 @@ def _parser() -> argparse.ArgumentParser:
 
     grade = sub.add_parser("grade", help="build, check, time and rank submissions")
     grade.add_argument("paths", nargs="+", help="submission files, or folders of them (*.py)")
-    grade.add_argument("--task", help="task name or YAML path (default: from the file names' "
-                       "prefix, e.g. l2norm_v1.py -> tasks/l2norm.yaml)")
+    grade.add_argument("--task", help="a task (name, YAML or KernelBench problem file) or a "
+                       "folder of problems (default: the bundled tasks/, each submission "
+                       "matched by its name's prefix, e.g. l2norm_v1.py -> l2norm)")
     grade.add_argument("--device", choices=["cpu", "cuda"],
                        help="where to run (default: cuda when a GPU is visible, else cpu)")
     _out_option(grade)
@@ -62,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="eager: one call per sample, launch overhead included (default); "
                        "graph: CUDA-graph replays of many calls on rotating inputs, the "
                        "kernels alone (CUDA only)")
+    grade.add_argument("--no-timing", action="store_true", help="check correctness only")
     grade.add_argument("--resume", action="store_true", help="finish the newest interrupted "
                        "run of this task in --out: same seed and options, only what is missing")
     grade.add_argument("--force", action="store_true", help="grade again even files whose "
@@ -100,11 +100,12 @@ def _parser() -> argparse.ArgumentParser:
     listing = sub.add_parser("list", help="show tasks and bundled submissions")
     listing.set_defaults(handler=_list)
 
-    new = sub.add_parser("new", help="write a load_inline skeleton submission to fill in")
-    new.add_argument("task", help="task name, e.g. l2norm")
+    new = sub.add_parser("new", help="write a load_inline skeleton submission to fill in, "
+                         "its constructor the reference Model's")
+    new.add_argument("task", help="task name (e.g. l2norm) or problem file")
     new.add_argument("name", help="submission name, e.g. v5 -> l2norm_v5.py")
-    new.add_argument("--dir", type=Path, default=None,
-                     help="where to write it (default: kbench/submissions)")
+    new.add_argument("--dir", type=Path, default=None, help="where to write it (default: "
+                     "kbench/submissions for a bundled task, else this folder)")
     new.set_defaults(handler=_new)
     return parser
 
@@ -125,43 +126,70 @@ def _fail(message: str) -> int:
 
 
 def _grade(args: argparse.Namespace) -> int:
-    from kbench.discovery import DiscoveryError, find_submissions, task_of
+    from kbench.discovery import DiscoveryError, assign, find_files, find_problems
     from kbench.store import Store, StoreError
-    from kbench.task import TaskError, load_task
+    from kbench.task import TaskError
 
     if args.jobs < 1:
         return _fail("--jobs must be at least 1")
     out_dir = (args.out or paths.default_reports_dir()).resolve()
     try:
-        submissions = find_submissions(args.paths)
-        task = load_task(args.task or task_of(submissions))
+        label, problems = find_problems(args.task)
+        assigned, unmatched = assign(find_files(args.paths), problems, args.paths,
+                                     named=args.task is not None)
+        for line in unmatched:
+            print(f"note: {line}", flush=True)
+        if not assigned:
+            raise DiscoveryError("no submission goes with a problem: " + "; ".join(unmatched))
+        plan = _plan(assigned)
         store = Store(out_dir)
     except (DiscoveryError, TaskError, StoreError) as exc:
         return _fail(str(exc))
+    label = plan[0].name if len(plan) == 1 else label
     try:
-        return _grade_into(store, task, submissions, out_dir, args)
+        return _grade_into(store, label, plan, out_dir, args)
     finally:
         store.close()  # and with it this process's claim on the run
 
 
-def _grade_into(store: Store, task: Task, submissions: list[Submission], out_dir: Path,
+def _plan(assigned: dict) -> list:
+    """Each problem loaded once here (its analysis is kept for the run); a problem that
+    cannot be loaded stays in the plan to be reported, unless it is the only one: then
+    TaskError."""
+    from kbench.grading.run import Entry
+    from kbench.task import TaskError, load_task
+
+    plan = []
+    for problem, subs in assigned.items():
+        try:
+            task = load_task(str(problem.path), problem.name)
+        except TaskError:
+            if len(assigned) == 1:
+                raise
+            task = None
+        plan.append(Entry(problem.name, problem.path, task, subs))
+    return plan
+
+
+def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
                 args: argparse.Namespace) -> int:
     import torch
 
     from kbench import grader, report
     from kbench.cases import CaseError
     from kbench.grading.options import Options, OptionsError
+    from kbench.grading.run import plan_digest
     from kbench.store import StoreError
 
     settings = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch,
-                "timing": args.timing}
+                "timing": args.timing, "untimed": args.no_timing}
     seed, run_id = args.seed, None
-    unfinished = store.unfinished_run(task.name)
+    unfinished = store.unfinished_run(label)
     if args.resume:
         if unfinished is None:
-            return _fail(f"--resume: no interrupted run of {task.name} in {store.path}")
-        if unfinished.task_hash != task.digest:
-            return _fail(f"--resume: {task.path} or its reference changed since run "
+            return _fail(f"--resume: no interrupted run of {label} in {store.path}")
+        if unfinished.task_hash != plan_digest(plan):
+            return _fail(f"--resume: the problems of {label} changed since run "
                          f"{unfinished.id} started; grade anew without --resume")
         settings, seed, run_id = unfinished.options, unfinished.seed, unfinished.id
         try:
@@ -169,7 +197,7 @@ def _grade_into(store: Store, task: Task, submissions: list[Submission], out_dir
         except StoreError as exc:
             return _fail(str(exc))
     elif unfinished is not None and not store.claimed(unfinished.id):
-        print(f"note: run {unfinished.id} of {task.name} in {store.path} did not finish; "
+        print(f"note: run {unfinished.id} of {label} in {store.path} did not finish; "
               "`kbench grade ... --resume` continues it", flush=True)
     device = settings["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -180,14 +208,17 @@ def _grade_into(store: Store, task: Task, submissions: list[Submission], out_dir
                           cache_dir=(args.cache_dir or paths.default_cache_dir()).resolve(),
                           case_indices=settings["case_indices"],
                           cuda_arch=settings["cuda_arch"],
-                          timing=settings.get("timing", "eager"))
+                          timing=settings.get("timing", "eager"),
+                          untimed=settings.get("untimed", False))
     except OptionsError as exc:
         return _fail(str(exc))
     resuming = f", resuming run {run_id}" if run_id else ""
-    print(f"kbench {__version__}: task {task.name}, {len(submissions)} submission(s), "
-          f"device {device}, seed {seed}, timing {options.timing.value}{resuming}", flush=True)
+    count = sum(len(e.submissions) for e in plan)
+    print(f"kbench {__version__}: {label}, {count} submission(s) against {len(plan)} "
+          f"problem(s), device {device}, seed {seed}, timing "
+          f"{'off' if not options.timed else options.timing.value}{resuming}", flush=True)
     try:
-        run_id = grader.grade(task, options, submissions, store, run_id=run_id, force=args.force,
+        run_id = grader.grade(label, plan, options, store, run_id=run_id, force=args.force,
                               on_result=lambda r, i, n: print(report.progress_line(r, i, n),
                                                               flush=True),
                               say=lambda line: print(line, flush=True))
@@ -282,10 +313,13 @@ def _new(args: argparse.Namespace) -> int:
 
     try:
         task = load_task(args.task)
-        path = scaffold.create(task, args.name, args.dir or paths.submissions_dir())
+        bundled = task.path.resolve().parent == paths.tasks_dir().resolve()
+        folder = args.dir or (paths.submissions_dir() if bundled else Path.cwd())
+        path = scaffold.create(task, args.name, folder)
     except (TaskError, ValueError, FileExistsError) as exc:
         return _fail(str(exc))
-    print(f"wrote {path}; fill in the kernel, then: kbench grade {path}")
+    where = "" if bundled else f" --task {args.task}"
+    print(f"wrote {path}; fill in the kernel, then: kbench grade {path}{where}")
     return 0
 
 

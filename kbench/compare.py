@@ -1,4 +1,5 @@
-"""Compare a candidate's output with the reference: type, shape, dtype, device, then values."""
+"""Compare a candidate's output with the reference: structure, then per tensor type, shape,
+dtype, device, then values."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kbench.outputs import as_tensor
 from kbench.task import Tolerance
 
 
@@ -18,36 +20,85 @@ class Comparison:
     max_rel_err: float | None = None
 
 
-def compare(out: object, expected: torch.Tensor, exact: torch.Tensor, tol: Tolerance) -> Comparison:
-    """``expected`` is the reference run at the input's own dtype (for type, shape, dtype and
-    device); ``exact`` is the reference run in float64 on the same input (for values)."""
-    reason = _mismatch(out, expected)
+def compare(out: list, structure: str, expected: list, expected_structure: str, exact: list,
+            tol: Tolerance) -> Comparison:
+    """An output (leaves and structure, kbench.outputs) against the reference's: the same
+    structure; per tensor leaf the same type, shape, dtype and device as ``expected`` (the
+    reference run in the case's dtype); then floating values within ``tol`` of ``exact`` (the
+    reference in float64), integer and bool values equal to ``expected``'s."""
+    reason = _structure(structure, expected_structure)
     if reason:
         return Comparison(False, reason)
-    return compare_values(out.detach().to(torch.float64), exact, tol)
+    worst = Comparison(True, "", 0.0, 0.0)
+    for i, (mine, want, best) in enumerate(zip(out, expected, exact, strict=True)):
+        mine, want, best = as_tensor(mine), as_tensor(want), as_tensor(best)
+        outcome = Comparison(False, reason) if (reason := _mismatch(mine, want)) else \
+            _values(mine, want, best, tol)
+        if not outcome.ok:
+            where = f"output {i}: " if len(out) > 1 else ""
+            return Comparison(False, where + outcome.reason, outcome.max_abs_err,
+                              outcome.max_rel_err)
+        worst = Comparison(True, "", max(worst.max_abs_err, outcome.max_abs_err or 0.0),
+                           max(worst.max_rel_err, outcome.max_rel_err or 0.0))
+    return worst
 
 
-def compare_in_chunks(out: object, expected: torch.Tensor, tol: Tolerance,
-                      chunk: int = 1 << 24) -> Comparison:
+def _values(mine: torch.Tensor, want: torch.Tensor, best: torch.Tensor,
+            tol: Tolerance) -> Comparison:
+    if not want.is_floating_point() and not want.is_complex():
+        if torch.equal(mine, want):
+            return Comparison(True, "", 0.0, 0.0)
+        bad = (mine != want)
+        first = [int(i) for i in bad.nonzero()[0]] if mine.dim() else []
+        got = mine[tuple(first)].item() if mine.dim() else mine.item()
+        expected = want[tuple(first)].item() if want.dim() else want.item()
+        return Comparison(False, f"{int(bad.sum())} of {bad.numel()} values wrong (first at "
+                          f"{first}: got {got}, expected {expected}; integer and bool outputs "
+                          "must match exactly)")
+    return compare_values(mine.detach().to(torch.float64), best.to(torch.float64), tol)
+
+
+def compare_in_chunks(out: list, structure: str, expected: list, expected_structure: str,
+                      tol: Tolerance, chunk: int = 1 << 24) -> Comparison:
     """``compare`` against ``expected`` alone (the reference in the output's dtype), a chunk
     of elements at a time: for outputs too large to hold in float64 twice over, such as a
-    timed call's. The rms scale is the whole reference's."""
-    reason = _mismatch(out, expected)
+    timed call's. The rms scale is each whole reference leaf's."""
+    reason = _structure(structure, expected_structure)
     if reason:
         return Comparison(False, reason)
-    got, ref = out.detach().reshape(-1), expected.reshape(-1)
+    for i, (mine, want) in enumerate(zip(out, expected, strict=True)):
+        mine, want = as_tensor(mine), as_tensor(want)
+        outcome = Comparison(False, reason) if (reason := _mismatch(mine, want)) else \
+            _chunked(mine, want, tol, chunk) if want.is_floating_point() else \
+            _values(mine, want, want, tol)
+        if not outcome.ok:
+            where = f"output {i}: " if len(out) > 1 else ""
+            return Comparison(False, where + outcome.reason, outcome.max_abs_err,
+                              outcome.max_rel_err)
+    return Comparison(True)
+
+
+def _chunked(mine: torch.Tensor, want: torch.Tensor, tol: Tolerance, chunk: int) -> Comparison:
+    got, ref = mine.detach().reshape(-1), want.reshape(-1)
     squares, count = 0.0, 0
     for part in ref.split(chunk):
         finite = part[torch.isfinite(part)].to(torch.float64)
         squares, count = squares + float(finite.pow(2).sum()), count + finite.numel()
     scale = math.sqrt(squares / count) if count else 0.0
-    for start, (mine, theirs) in enumerate(zip(got.split(chunk), ref.split(chunk),
-                                               strict=True)):
-        outcome = compare_values(mine.to(torch.float64), theirs.to(torch.float64), tol, scale)
+    for start, (a, b) in enumerate(zip(got.split(chunk), ref.split(chunk), strict=True)):
+        outcome = compare_values(a.to(torch.float64), b.to(torch.float64), tol, scale)
         if not outcome.ok:
             return Comparison(False, f"from flat element {start * chunk}: {outcome.reason}",
                               outcome.max_abs_err, outcome.max_rel_err)
     return Comparison(True)
+
+
+def _structure(got: str, want: str) -> str | None:
+    if got == want:
+        return None
+    if want == "tensor" and got != "tensor":
+        return f"returned {got}, expected exactly torch.Tensor"
+    return f"returned {got}, expected {want}"
 
 
 def _mismatch(out: object, expected: torch.Tensor) -> str | None:
@@ -102,11 +153,44 @@ def _rms(values: torch.Tensor) -> float:
     return float(values.pow(2).mean().sqrt()) if values.numel() else 0.0
 
 
-def identical(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same shape, dtype and values, NaN equal to NaN: has a tensor changed since it was
-    copied?"""
+def identical(a: object, b: object) -> bool:
+    """Same shape, dtype and values, NaN equal to NaN: has a tensor (or a list of leaves)
+    changed since it was copied?"""
+    if isinstance(a, list) or isinstance(b, list):
+        return (isinstance(a, list) and isinstance(b, list) and len(a) == len(b)
+                and all(identical(x, y) for x, y in zip(a, b, strict=True)))
+    if type(a) is not torch.Tensor or type(b) is not torch.Tensor:
+        return type(a) is type(b) and (a == b or (a != a and b != b))
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if not a.is_floating_point():
         return torch.equal(a, b)
     return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def needed_scale(out: list, expected: list, exact: list, tol: Tolerance) -> float:
+    """The smallest factor on ``tol`` under which ``out`` would pass (leaves of the same
+    structure as the reference's): 0 for an exact match, inf where no tolerance would do
+    (a wrong shape or dtype, NaN where the reference is finite, unequal integers)."""
+    worst = 0.0
+    for mine, want, best in zip(out, expected, exact, strict=True):
+        mine, want, best = as_tensor(mine), as_tensor(want), as_tensor(best)
+        if _mismatch(mine, want):
+            return math.inf
+        if not want.is_floating_point():
+            if not torch.equal(mine, want):
+                return math.inf
+            continue
+        got, ref = mine.to(torch.float64), best.to(torch.float64)
+        finite = torch.isfinite(ref)
+        if bool((finite & ~torch.isfinite(got)).any()) or not bool(
+                ((got == ref) | (torch.isnan(got) & torch.isnan(ref)) | finite).all()):
+            return math.inf
+        err = (got - ref).abs()[finite]
+        if not err.numel() or float(err.max()) == 0:
+            continue
+        allowed = tol.atol * _rms(ref[finite]) + tol.rtol * ref[finite].abs()
+        ratio = torch.where(allowed > 0, err / allowed.clamp_min(1e-300),
+                            torch.where(err > 0, math.inf, 0.0))
+        worst = max(worst, float(ratio.max()))
+    return worst

@@ -6,20 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kbench.discovery import Submission
 from kbench.grading import run
 from kbench.grading.executor import LocalExecutor
 from kbench.grading.options import Options
 from kbench.store import Store
-from kbench.task import Task
 
 
-def grade(task: Task, options: Options, submissions: list[Submission], store: Store,
+def grade(label: str, plan: run.Plan, options: Options, store: Store,
           run_id: int | None = None, force: bool = False,
           on_result: run.Progress = lambda r, i, n: None,
           say: Callable[[str], None] = lambda line: None) -> int:
-    """Grade ``submissions`` locally into ``store``; returns the run's id. Raises CaseError
-    for a ``--case`` the plan does not have, StoreError for a run another process grades."""
-    executor = LocalExecutor(task, options, say)
+    """Grade each problem's submissions locally into ``store`` as run ``label``; returns the
+    run's id. Raises CaseError for a ``--case`` the plan does not have, StoreError for a run
+    another process grades."""
+    executor = LocalExecutor(options, say)
     executor.watch_store(store.presence)
-    return run.grade(task, options, executor, submissions, store, run_id, force, on_result, say)
+    return run.grade(label, plan, options, executor, store, run_id, force, on_result, say)

@@ -9,8 +9,9 @@ worker is data from a process that may run candidate code, so nothing is used un
 
 Requests and the answer each expects:
 
-  Load      -> Loaded                 import the file; with ``instantiate``, build the model
-  Run       -> Ran | NotATensor       one call on the parent's inputs (shared memory)
+  Load      -> Loaded                 import the file; with a ``model``, build it (its weights'
+                                      fingerprints come back)
+  Run       -> Ran | Unsupported      one call on the parent's inputs (shared memory)
   Time      -> Timed                  one round of the stopwatch on secret-seeded inputs
   Prepare   -> Prepared               input sets for a Clocked pass
   Clocked   -> ClockedPass            the pass the parent times on its own clock
@@ -32,7 +33,7 @@ from typing import Any, ClassVar
 
 import torch
 
-VERSION = 2
+VERSION = 3
 
 
 class ProtocolError(ValueError):
@@ -44,6 +45,31 @@ class BadSamples(ProtocolError):
 
 
 # -- settings and records carried inside messages -------------------------------------------
+
+
+# One value a call returned: kbench.outputs flattens outputs into these.
+Leaf = torch.Tensor | bool | int | float
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model instance a request runs: ``Class(*init_args)`` built under ``seed`` with
+    its floating parameters in ``dtype`` (kbench.inputs.build); the worker keeps the latest
+    few."""
+
+    init_args: list[Any]
+    dtype: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class WeightPrint:
+    """A parameter's or buffer's name, shape, dtype and checksums (kbench.fingerprint)."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    sums: list[float]
 
 
 @dataclass(frozen=True)
@@ -118,8 +144,8 @@ class KeptOutput:
 
     call: int
     seed: int
-    output: torch.Tensor | None  # None when the call returned something else
-    output_type: str
+    outputs: list[Leaf] | None  # the leaves; None when the call returned something else
+    structure: str  # kbench.outputs.flatten's, or the type returned
     norm: float | None  # its fingerprint when the call returned (None: not taken)
 
 
@@ -135,22 +161,23 @@ class Failed:
 
 @dataclass(frozen=True)
 class Loaded:
-    pass
+    weights: list[WeightPrint] = field(default_factory=list)  # of the model built, if any
 
 
 @dataclass(frozen=True)
 class Ran:
-    """The output of one call and a copy of it taken as the call returned (the parent
-    judges the copy and later compares the output with it)."""
+    """The output of one call, as leaves, and a copy of them taken as the call returned (the
+    parent judges the copy and later compares the output with it)."""
 
-    output: torch.Tensor  # the worker's own, shared: it can still write it
-    returned: torch.Tensor  # a copy made the moment the call returned
+    outputs: list[Leaf]  # the worker's own tensors, shared: it can still write them
+    returned: list[Leaf]  # copies made the moment the call returned
+    structure: str  # kbench.outputs.flatten's
     aliases_input: bool
 
 
 @dataclass(frozen=True)
-class NotATensor:
-    output_type: str  # what the call returned instead: a wrong output
+class Unsupported:
+    output_type: str  # what the call returned instead of tensors or numbers: a wrong output
 
 
 @dataclass(frozen=True)
@@ -193,17 +220,18 @@ class Load:
     path: str
     module_name: str
     class_name: str
-    init_args: list[Any]
     device: str
-    reference: str  # module with make_inputs: the worker draws timing inputs itself
-    instantiate: bool
+    reference: str  # the task's reference file: the worker draws timing inputs with it
+    model: ModelSpec | None  # build this instance now (None: import only)
+    eval_mode: bool = False  # the task's mode: models stay in training mode unless eval
     compile: bool = False
 
 
 @dataclass(frozen=True)
 class Run:
-    answers: ClassVar[tuple[type, ...]] = (Ran, NotATensor)
+    answers: ClassVar[tuple[type, ...]] = (Ran, Unsupported)
     inputs: list[Any]
+    model: ModelSpec
 
 
 @dataclass(frozen=True)
@@ -214,6 +242,8 @@ class Time:
     answers: ClassVar[tuple[type, ...]] = (Timed,)
     params: dict[str, int]
     dtype: str
+    distribution: str  # the task's first: what its inputs look like (kbench.inputs.draw)
+    model: ModelSpec
     timing: TimingSettings
     keep: bool = False  # hold some outputs for Outputs
 
@@ -225,6 +255,8 @@ class Prepare:
     answers: ClassVar[tuple[type, ...]] = (Prepared,)
     params: dict[str, int]
     dtype: str
+    distribution: str
+    model: ModelSpec
     calls: int
 
 
@@ -258,7 +290,7 @@ class Exit:
 
 
 Request = Load | Run | Time | Prepare | Clocked | Outputs | Copy | Release | Exit
-Answer = (Failed | Loaded | Ran | NotATensor | Timed | Prepared | ClockedPass | KeptOutputs
+Answer = (Failed | Loaded | Ran | Unsupported | Timed | Prepared | ClockedPass | KeptOutputs
           | Released)
 
 REQUESTS = typing.get_args(Request)

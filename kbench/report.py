@@ -10,7 +10,15 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from kbench.results import Benchmark, Measurement, RunResult, SubmissionResult, params_text
+from kbench.results import (
+    Benchmark,
+    Measurement,
+    ProblemRun,
+    RunResult,
+    SubmissionResult,
+    params_text,
+)
+from kbench.summary import THRESHOLDS, summarise
 from kbench.verdict import Status
 
 _CLOCK = {
@@ -71,39 +79,72 @@ def _clocks(m: Measurement | None) -> str:
     return text + (f", slowed on {m.slowed}" if m.slowed else "")
 
 
-def _ranked(run: RunResult) -> list[SubmissionResult]:
-    ok = [s for s in run.submissions if s.status is Status.OK]
-    return sorted(ok, key=lambda s: -(s.speedup or 0.0))
-
-
-def _launch_bound(run: RunResult) -> set[str]:
+def _launch_bound(run: RunResult, problem: ProblemRun) -> set[str]:
     if run.timing_mode != "eager" or run.environment.get("device") != "cuda":
         return set()
-    return {_shape(b) for b in run.reference
+    return {_shape(b) for b in problem.reference
             if b.reference is not None and b.reference.ms < LAUNCH_BOUND_MS}
 
 
 def leaderboard(run: RunResult) -> str:
-    bound = _launch_bound(run)
+    bound = set().union(*(_launch_bound(run, p) for p in run.problems))
+    lines = [f"# kbench leaderboard: {run.task}", "", *_header(run, bound)]
+    if len(run.problems) > 1:
+        lines += ["", "## Summary", "", *_summary(run)]
+    for problem in run.problems:
+        subs = [s for s in run.submissions if s.problem == problem.name]
+        lines += _problem(run, problem, subs, len(run.problems) > 1)
+    lines += ["", "Full compiler and run output: logs/NAME.build.log and logs/NAME.run.log "
+              "beside this file; `kbench grade FILE --seed S --case K` (in results.json under "
+              "failure.reproduce) repeats a failing case."]
+    return "\n".join(lines) + "\n"
+
+
+def _problem(run: RunResult, problem: ProblemRun, subs: list[SubmissionResult],
+             titled: bool) -> list[str]:
+    """One problem's section: its notes, reference, ranked and other submissions."""
+    bound = _launch_bound(run, problem)
 
     def shape_name(b: Benchmark) -> str:
         return _shape(b) + (" †" if _shape(b) in bound else "")
 
-    lines = [f"# kbench leaderboard: {run.task}", "", *_header(run, bound)]
-    if run.reference:
-        lines += ["", "## Reference", "", _reference_table(run, shape_name)]
-    lines += ["", "## Ranked", "", _ranked_table(run, shape_name)]
-    failed = [s for s in run.submissions if s.status is not Status.OK]
+    level = "###" if titled else "##"
+    lines = ["", f"## {problem.name}"] if titled else []
+    if problem.error:
+        return lines + ["", f"**Problem error** (its {len(subs)} submission(s) are "
+                        f"task_error): {problem.error}"]
+    lines += [""] + [f"- note: {note}" for note in problem.notes] if problem.notes else []
+    if problem.reference:
+        lines += ["", f"{level} Reference", "", _reference_table(problem, run.copy_gbps,
+                                                                 shape_name)]
+    lines += ["", f"{level} Ranked", "", _ranked_table(run, subs, problem, shape_name)]
+    failed = [s for s in subs if s.status is not Status.OK]
     if failed:
-        lines += ["", "## Not ranked", "",
+        lines += ["", f"{level} Not ranked", "",
                   tabulate([[s.name, s.status.value, f"{s.cases_passed}/{s.cases_total}",
                              _one_line(s.reason), _labels(s)] for s in failed],
                            headers=["submission", "verdict", "cases", "reason", "flags"],
-                           tablefmt="github"),
-                  "", "Full compiler and run output: logs/NAME.build.log and logs/NAME.run.log "
-                  "beside this file; `kbench grade FILE --seed S --case K` (in results.json "
-                  "under failure.reproduce) repeats a failing case."]
-    return "\n".join(lines) + "\n"
+                           tablefmt="github")]
+    return lines
+
+
+def _summary(run: RunResult) -> list[str]:
+    s = summarise(run)
+    share = " | ".join
+    lines = [f"{s.problems} problem(s) graded ({s.problem_errors} more could not be: problem "
+             f"error), {s.submissions} submission(s): "
+             + ", ".join(f"{n} {v}" for v, n in sorted(s.counts.items())),
+             f"- correct: {s.correct}/{s.problems} problems ({100 * s.correct_rate:.0f}%); "
+             "geometric-mean speedup of each problem's best: "
+             + (f"{s.geomean:.3f}x" if s.geomean else "-"), "",
+             "| fast_p (share of problems) | " + share(f"p={p:g}" for p in THRESHOLDS) + " |",
+             "|---|" + "---|" * len(THRESHOLDS)]
+    for label, values in (("vs eager, lower bound of the 95% interval > p", s.fast),
+                          ("vs eager, median > p (KernelBench's fast_p)", s.fast_plain),
+                          ("vs torch.compile, lower bound > p", s.fast_compile)):
+        lines.append(f"| {label} | " + share(f"{100 * values[p]:.1f}%" for p in THRESHOLDS)
+                     + " |")
+    return lines
 
 
 def _header(run: RunResult, bound: set[str]) -> list[str]:
@@ -140,11 +181,12 @@ def _header(run: RunResult, bound: set[str]) -> list[str]:
     if run.copy_gbps:
         lines.append(f"- copy bandwidth (device to device, read + write, this run): "
                      f"{run.copy_gbps:.0f} GB/s; achieved GB/s count the task's minimum traffic")
-    if any(b.reference is not None and not b.reference.l2_reset for b in run.reference):
+    references = [b for problem in run.problems for b in problem.reference]
+    if any(b.reference is not None and not b.reference.l2_reset for b in references):
         lines.append("- note: persisting L2 lines could not be reset before samples (no CUDA "
                      "runtime library found by name); the L2 flush still ran")
     if any(b.reference is not None and b.reference.exclusive_hold is False
-           for b in run.reference):
+           for b in references):
         lines.append("- note: the hold kernel that fills every SM could not be loaded (CUDA "
                      "driver API); a one-thread spin stood in, so work on a stream that does "
                      "not wait for the caller's could run before the start event (kbench's "
@@ -153,25 +195,27 @@ def _header(run: RunResult, bound: set[str]) -> list[str]:
     return lines
 
 
-def _reference_table(run: RunResult, shape_name: Callable[[Benchmark], str]) -> str:
+def _reference_table(problem: ProblemRun, copy_gbps: float | None,
+                     shape_name: Callable[[Benchmark], str]) -> str:
     return tabulate([[shape_name(b), b.dtype, _ms(b.reference),
                       _interval(b.reference and b.reference.ci),
                       b.reference.samples if b.reference else 0,
-                      _bandwidth(b.reference, run.copy_gbps),
+                      _bandwidth(b.reference, copy_gbps),
                       f"{_ms(b.reference_start)} / {_ms(b.reference_end)}",
                       _ms(b.compiled), _clocks(b.reference),
                       b.skipped or (f"drifted: {b.drift}" if b.drift else "")]
-                     for b in run.reference],
+                     for b in problem.reference],
                     headers=["shape", "dtype", "median", "95% interval (ms)", "samples",
                              "achieved", "start / end", "torch.compile", "SM/mem MHz", "note"],
                     tablefmt="github")
 
 
-def _ranked_table(run: RunResult, shape_name: Callable[[Benchmark], str]) -> str:
-    ranked = _ranked(run)
+def _ranked_table(run: RunResult, subs: list[SubmissionResult], problem: ProblemRun,
+                  shape_name: Callable[[Benchmark], str]) -> str:
+    ranked = sorted([s for s in subs if s.status is Status.OK], key=lambda s: -(s.speedup or 0))
     if not ranked:
         return "No submission passed every correctness case."
-    names = {_shape(b): shape_name(b) for b in run.reference}
+    names = {_shape(b): shape_name(b) for b in problem.reference}
     shapes = list(dict.fromkeys(_shape(b) for s in ranked for b in s.benchmarks))
     rows = []
     for rank, sub in enumerate(ranked, 1):

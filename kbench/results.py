@@ -53,6 +53,8 @@ class Benchmark:
     compile_speedup: float | None = None
     compile_speedup_ci: list[float] | None = None
     skipped: str | None = None
+    flops: int | None = None  # matrix-unit FLOPs of one call, counted on the reference
+    nbytes: int | None = None  # the fewest bytes one call must move
 
     @classmethod
     def from_dict(cls, data: dict) -> Benchmark:
@@ -82,6 +84,7 @@ class SubmissionResult:
     build_s: float | None = None
     logs: list[str] = field(default_factory=list)
     reused_from_run: int | None = None  # copied from that run: same file, task and software
+    problem: str = ""  # the task's name: l2norm, level1/19_ReLU
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -90,20 +93,48 @@ class SubmissionResult:
 
 
 @dataclass
+class ProblemRun:
+    """One problem in a run: what screening decided (notes) or why it cannot be graded
+    (error), and its reference table."""
+
+    name: str
+    path: str
+    digest: str
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+    reference: list[Benchmark] = field(default_factory=list)
+    copy_gbps: float | None = None  # device-to-device copy, measured in the same run
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ProblemRun:
+        data = dict(data)
+        data["reference"] = [Benchmark.from_dict(b) for b in data.get("reference", [])]
+        return cls(**data)
+
+
+@dataclass
 class RunResult:
     kbench_version: str
-    task: str
+    task: str  # what was graded: a task's name, or the problem set's
     seed: int
     started: str
     environment: dict
-    reference: list[Benchmark]
+    problems: list[ProblemRun]
     submissions: list[SubmissionResult]
     notes: list[str] = field(default_factory=list)
     run_id: int | None = None  # in the results store
-    copy_gbps: float | None = None  # device-to-device copy, measured in the same run
     timing_mode: str = "eager"  # or "graph": CUDA-graph replays, launch overhead left out
 
+    @property
+    def copy_gbps(self) -> float | None:
+        """Device-to-device copy bandwidth measured in this run."""
+        return next((p.copy_gbps for p in self.problems if p.copy_gbps), None)
+
+    def problem(self, name: str) -> ProblemRun | None:
+        return next((p for p in self.problems if p.name == name), None)
+
     def to_dict(self) -> dict:
+        single = self.problems[0] if len(self.problems) == 1 else None
         return {
             "kbench_version": self.kbench_version,
             "run_id": self.run_id,
@@ -113,7 +144,8 @@ class RunResult:
             "environment": self.environment,
             "copy_gbps": self.copy_gbps,
             "timing_mode": self.timing_mode,
-            "notes": self.notes,
-            "reference": [asdict(b) for b in self.reference],
+            "notes": self.notes + (single.notes if single else []),
+            "reference": [asdict(b) for b in single.reference] if single else [],
+            "problems": [asdict(p) for p in self.problems],
             "submissions": [s.to_dict() for s in self.submissions],
         }

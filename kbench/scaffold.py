@@ -1,8 +1,12 @@
-"""``kbench new TASK NAME``: a commented load_inline skeleton to fill in."""
+"""``kbench new PROBLEM NAME``: a commented load_inline skeleton to fill in, whose constructor
+is the reference Model's own, so that it creates the same parameters in the same order (and
+so, built under kbench's seed, holds the same values)."""
 
 from __future__ import annotations
 
 import inspect
+import re
+import textwrap
 from pathlib import Path
 
 from kbench.task import Task
@@ -68,37 +72,57 @@ extension = load_inline(
 class ModelNew(nn.Module):
     """Drop-in replacement for the task's reference Model: same constructor, same forward."""
 
-    def __init__(self{init_params}):
-        super().__init__()
-
+{init}
     def forward(self, {forward_params}):
         return extension.{kernel}_forward({forward_args})
 '''
 
+_PLAIN_INIT = """    def __init__(self):
+        super().__init__()
+"""
+
+_COPIED_INIT = """\
+    # The reference Model's constructor as it is: the same parameters and buffers, created in
+    # the same order, get the same values (kbench builds both under one seed). Keep them and
+    # their names; kbench compares them with the reference's.
+{source}"""
+
 
 def render(task: Task, name: str, path: Path) -> str:
     model = task.reference_module().Model
-    forward = [p for p in inspect.signature(model.forward).parameters.values()
+    forward = [p.name for p in inspect.signature(model.forward).parameters.values()
                if p.name != "self"]
-    init = [p for p in inspect.signature(model.__init__).parameters.values() if p.name != "self"]
-    args = [p.name for p in forward]
+    kernel = re.sub(r"\W", "_", f"{task.name}_{name}")
     return _TEMPLATE.format(
         task=task.name, name=name, path=path, semantics=" ".join(task.semantics.split()),
-        kernel=f"{task.name}_{name}".replace("-", "_"),
-        cpp_params=", ".join(f"torch::Tensor {a}" for a in args), first=args[0],
-        init_params="".join(f", {p}" for p in init),
-        forward_params=", ".join(f"{a}: torch.Tensor" for a in args),
-        forward_args=", ".join(args))
+        kernel=kernel if kernel[0].isalpha() else f"k_{kernel}",
+        cpp_params=", ".join(f"torch::Tensor {a}" for a in forward), first=forward[0],
+        init=_init(model), forward_params=", ".join(forward), forward_args=", ".join(forward))
+
+
+def _init(model: type) -> str:
+    """The reference's ``__init__`` for ModelNew (``super(Model, self)`` made ``super()``), or
+    a plain one where Model has none of its own or its source cannot be read."""
+    if "__init__" not in vars(model):
+        return _PLAIN_INIT
+    try:
+        source = textwrap.dedent(inspect.getsource(model.__init__))
+    except (OSError, TypeError):
+        return _PLAIN_INIT
+    source = re.sub(r"super\(\s*Model\s*,\s*self\s*\)", "super()", source)
+    return _COPIED_INIT.format(source=textwrap.indent(source, "    "))
 
 
 def create(task: Task, name: str, folder: Path) -> Path:
-    """Write ``folder/TASK_NAME.py``; never overwrites an existing file."""
-    stem = name if name.startswith(f"{task.name}_") else f"{task.name}_{name}"
-    if not stem.isidentifier():
+    """Write ``folder/PROBLEM_NAME.py`` (PROBLEM: the problem's file stem); never overwrites
+    an existing file."""
+    base = task.name.rsplit("/", 1)[-1]
+    stem = name if name.startswith(f"{base}_") else f"{base}_{name}"
+    if not re.fullmatch(r"\w+", stem):
         raise ValueError(f"{name!r}: use letters, digits and underscores for the name")
     path = folder / f"{stem}.py"
     if path.exists():
         raise FileExistsError(f"{path} already exists; pick another name")
     folder.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(task, stem[len(task.name) + 1:], path))
+    path.write_text(render(task, stem[len(base) + 1:], path))
     return path

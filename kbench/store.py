@@ -19,12 +19,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kbench.guard import Presence
-from kbench.results import Benchmark, RunResult, SubmissionResult
+from kbench.results import Benchmark, ProblemRun, RunResult, SubmissionResult
 from kbench.verdict import Status
 
 FILENAME = "kbench.sqlite3"
 _APPLICATION_ID = 0x6B62656E  # "kben": marks the file as kbench's
-_SCHEMA_VERSION = 2  # 2: per-side Measurements, torch.compile baseline, timing mode
+_SCHEMA_VERSION = 3  # 2: per-side Measurements, compile baseline; 3: many problems a run
 _BUSY_TIMEOUT_MS = 60_000
 
 _SCHEMA = """
@@ -41,12 +41,13 @@ CREATE TABLE IF NOT EXISTS runs (
     options TEXT NOT NULL,              -- JSON: what --resume must repeat
     environment TEXT NOT NULL,          -- JSON
     notes TEXT NOT NULL DEFAULT '[]',   -- JSON
-    reference TEXT,                     -- JSON list of Benchmark
-    copy_gbps REAL                      -- the device's copy bandwidth, measured in this run
+    reference TEXT,                     -- (store version 2: now in problems)
+    copy_gbps REAL                      -- (store version 2: now in problems)
 );
 CREATE TABLE IF NOT EXISTS results (
     run_id INTEGER NOT NULL REFERENCES runs(id),
     name TEXT NOT NULL,
+    problem TEXT NOT NULL DEFAULT '',   -- the task it was graded against
     sha256 TEXT NOT NULL,
     status TEXT NOT NULL,
     speedup REAL,
@@ -57,6 +58,25 @@ CREATE TABLE IF NOT EXISTS results (
 );
 CREATE INDEX IF NOT EXISTS results_by_file ON results (sha256, status);
 CREATE INDEX IF NOT EXISTS results_by_name ON results (name);
+""" + """
+CREATE TABLE IF NOT EXISTS problems (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    name TEXT NOT NULL,
+    digest TEXT NOT NULL,               -- the task file's and its reference's
+    data TEXT NOT NULL,                 -- JSON ProblemRun: notes, error, reference table
+    PRIMARY KEY (run_id, name)
+);
+"""
+
+# A store of version 2 (one task a run) gains the problems table; each run's reference becomes
+# its one problem's, named after its task.
+_FROM_V2 = """
+ALTER TABLE results ADD COLUMN problem TEXT NOT NULL DEFAULT '';
+UPDATE results SET problem = (SELECT task FROM runs WHERE runs.id = results.run_id);
+INSERT INTO problems (run_id, name, digest, data)
+    SELECT id, task, task_hash, json_object('name', task, 'path', '', 'digest', task_hash,
+        'error', NULL, 'notes', json('[]'), 'reference', json(coalesce(reference, '[]')),
+        'copy_gbps', copy_gbps) FROM runs
 """
 
 
@@ -96,6 +116,10 @@ class Store:
                         self.db.execute(statement)
                     self.db.execute(f"PRAGMA application_id = {_APPLICATION_ID}")
                     self.db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+                elif self.db.execute("PRAGMA user_version").fetchone()[0] == 2:
+                    for statement in (_SCHEMA + ";" + _FROM_V2).split(";"):
+                        self.db.execute(statement)
+                    self.db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
             self.db.close()
             raise StoreError(f"{self.path}: cannot use this results store ({exc})") from None
@@ -117,7 +141,7 @@ class Store:
             raise StoreError(f"{self.path}: not a kbench results store ({exc}); {hint}") from None
         if tables and app_id != _APPLICATION_ID:
             raise StoreError(f"{self.path}: an SQLite file that kbench did not write; {hint}")
-        if app_id == _APPLICATION_ID and version != _SCHEMA_VERSION:
+        if app_id == _APPLICATION_ID and version not in (2, _SCHEMA_VERSION):
             raise StoreError(f"{self.path}: written by a kbench with store version {version}, "
                              f"this one reads {_SCHEMA_VERSION}; {hint}")
 
@@ -200,12 +224,12 @@ class Store:
             "WHERE task = ? AND finished IS NULL ORDER BY id DESC LIMIT 1", (task,)).fetchone()
         return RunInfo(row[0], row[1], row[2], json.loads(row[3])) if row else None
 
-    def set_reference(self, run_id: int, reference: list[Benchmark], copy_gbps: float | None,
-                      notes: list[str]) -> None:
+    def set_problem(self, run_id: int, problem: ProblemRun) -> None:
+        """A problem of the run as screened, or with its reference table (the latest wins)."""
         with self._write():
-            self.db.execute("UPDATE runs SET reference = ?, copy_gbps = ?, notes = ? WHERE id = ?",
-                            (json.dumps([asdict(b) for b in reference]), copy_gbps,
-                             json.dumps(notes), run_id))
+            self.db.execute("INSERT OR REPLACE INTO problems (run_id, name, digest, data) "
+                            "VALUES (?, ?, ?, ?)", (run_id, problem.name, problem.digest,
+                                                    json.dumps(asdict(problem))))
 
     def finish_run(self, run_id: int) -> None:
         with self._write():
@@ -220,16 +244,18 @@ class Store:
     def add_result(self, run_id: int, result: SubmissionResult) -> None:
         with self._write():
             self.db.execute(
-                "INSERT OR REPLACE INTO results (run_id, name, sha256, status, speedup, graded, "
-                "reused_from, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, result.name, result.sha256, result.status.value, result.speedup, _now(),
-                 result.reused_from_run, json.dumps(result.to_dict())))
+                "INSERT OR REPLACE INTO results (run_id, name, problem, sha256, status, speedup, "
+                "graded, reused_from, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, result.name, result.problem, result.sha256, result.status.value,
+                 result.speedup, _now(), result.reused_from_run, json.dumps(result.to_dict())))
 
     def graded_names(self, run_id: int) -> set[str]:
         """Submissions of the run that need no grading again: all but those the machine could
-        not grade (environment_error), which a resume on a mended machine grades again."""
-        rows = self.db.execute("SELECT name FROM results WHERE run_id = ? AND status != ?",
-                               (run_id, Status.ENVIRONMENT_ERROR.value))
+        not grade (environment_error) or whose problem failed (task_error), which a resume on
+        a mended machine, or with a mended problem, grades again."""
+        rows = self.db.execute("SELECT name FROM results WHERE run_id = ? AND status NOT IN "
+                               "(?, ?)", (run_id, Status.ENVIRONMENT_ERROR.value,
+                                          Status.TASK_ERROR.value))
         return {r[0] for r in rows}
 
     def set_problems(self, run_id: int, problems: list[str]) -> None:
@@ -240,23 +266,25 @@ class Store:
 
     def reusable(self, sha256: str, task_hash: str, kbench_version: str, fingerprint: str,
                  timing: str) -> tuple[int, SubmissionResult] | None:
-        """The newest result for the same file, task, kbench, machine software and timing
-        mode, if any.
+        """The newest result for the same file, problem (its digest), kbench, machine
+        software and timing mode, if any.
 
-        Results that kbench or the machine failed to produce (internal_error,
-        environment_error) are never reused, nor correct ones left without a speedup (the
-        reference could not be timed alongside).
+        Results that kbench, the machine or the problem failed to produce (internal_error,
+        environment_error, task_error) are never reused, nor correct ones left without a
+        speedup (the reference could not be timed alongside), nor untimed runs' results.
         """
         row = self.db.execute(
             "SELECT r.run_id, r.data FROM results r JOIN runs u ON u.id = r.run_id "
-            "WHERE r.sha256 = ? AND u.task_hash = ? AND u.kbench_version = ? "
-            "AND u.fingerprint = ? AND r.status NOT IN (?, ?) AND r.reused_from IS NULL "
+            "JOIN problems p ON p.run_id = r.run_id AND p.name = r.problem "
+            "WHERE r.sha256 = ? AND p.digest = ? AND u.kbench_version = ? "
+            "AND u.fingerprint = ? AND r.status NOT IN (?, ?, ?) AND r.reused_from IS NULL "
             "AND NOT (r.status = 'ok' AND r.speedup IS NULL) "
             "AND json_extract(u.options, '$.case_indices') IS NULL "
+            "AND NOT coalesce(json_extract(u.options, '$.untimed'), 0) "
             "AND json_extract(u.options, '$.timing') = ? "
             "ORDER BY r.run_id DESC LIMIT 1",
             (sha256, task_hash, kbench_version, fingerprint, Status.INTERNAL_ERROR.value,
-             Status.ENVIRONMENT_ERROR.value, timing)
+             Status.ENVIRONMENT_ERROR.value, Status.TASK_ERROR.value, timing)
         ).fetchone()
         return (row[0], _result(json.loads(row[1]))) if row else None
 
@@ -264,17 +292,23 @@ class Store:
 
     def load_run(self, run_id: int) -> RunResult:
         row = self.db.execute(
-            "SELECT kbench_version, task, seed, started, environment, reference, notes, "
-            "copy_gbps, options FROM runs WHERE id = ?", (run_id,)).fetchone()
+            "SELECT kbench_version, task, seed, started, environment, notes, options "
+            "FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise StoreError(f"{self.path}: no run {run_id}")
         subs = [_result(json.loads(r[0])) for r in self.db.execute(
-            "SELECT data FROM results WHERE run_id = ? ORDER BY name", (run_id,))]
-        reference = [Benchmark.from_dict(b) for b in json.loads(row[5] or "[]")]
+            "SELECT data FROM results WHERE run_id = ? ORDER BY problem, name", (run_id,))]
+        problems = [ProblemRun.from_dict(json.loads(r[0])) for r in self.db.execute(
+            "SELECT data FROM problems WHERE run_id = ? ORDER BY name", (run_id,))]
         return RunResult(kbench_version=row[0], task=row[1], seed=row[2], started=row[3],
-                         environment=json.loads(row[4]), reference=reference, submissions=subs,
-                         notes=json.loads(row[6]), run_id=run_id, copy_gbps=row[7],
-                         timing_mode=json.loads(row[8]).get("timing", "eager"))
+                         environment=json.loads(row[4]), problems=problems, submissions=subs,
+                         notes=json.loads(row[5]), run_id=run_id,
+                         timing_mode=json.loads(row[6]).get("timing", "eager"))
+
+    def problem(self, run_id: int, name: str) -> ProblemRun | None:
+        row = self.db.execute("SELECT data FROM problems WHERE run_id = ? AND name = ?",
+                              (run_id, name)).fetchone()
+        return ProblemRun.from_dict(json.loads(row[0])) if row else None
 
     def prune(self, keep: int) -> tuple[list[int], str | None]:
         """Delete every run but the newest ``keep`` (and runs another process is grading) with
@@ -285,6 +319,7 @@ class Store:
         with self._write():
             for run_id in gone:
                 self.db.execute("DELETE FROM results WHERE run_id = ?", (run_id,))
+                self.db.execute("DELETE FROM problems WHERE run_id = ?", (run_id,))
                 self.db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
         for run_id in gone:
             self._run_lock(run_id).unlink(missing_ok=True)
@@ -299,7 +334,7 @@ class Store:
         """Every stored result of submission ``name``, oldest first."""
         rows = self.db.execute(
             "SELECT r.run_id, r.graded, u.environment, u.kbench_version, r.sha256, r.status, "
-            "r.speedup, r.reused_from, u.task FROM results r JOIN runs u ON u.id = r.run_id "
+            "r.speedup, r.reused_from, r.problem FROM results r JOIN runs u ON u.id = r.run_id "
             "WHERE r.name = ? ORDER BY r.run_id", (name,))
         return [{"run": r[0], "when": r[1],
                  "where": json.loads(r[2]).get("device_name", "?"), "kbench": r[3],

@@ -1,21 +1,21 @@
-"""Task files (tasks/*.yaml): load, validate, and expose them as typed settings.
+"""Tasks: what a submission is graded against, as typed settings.
 
-Every error names the file, the key and what is allowed, so a typo in a task never turns into
-a silent default or a traceback deep inside grading.
+A task is a KernelBench problem file as it is (``Model``, ``get_inputs``, ``get_init_inputs``,
+module-level sizes), with defaults for everything else (kbench.problems.defaults), or a YAML
+file (kbench.task_yaml) that names a reference, a problem file or a module of kbench's own
+with ``make_inputs``, and says what the file cannot: tolerances, sizes, dtypes, mode. Every
+error names the file, the key and what is allowed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
-import yaml
-
-from kbench import paths
+from kbench import inputs, paths
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 
@@ -39,14 +39,18 @@ class Tolerance:
     rtol: float
     atol: float
 
+    def scaled(self, factor: float) -> Tolerance:
+        return Tolerance(rtol=self.rtol * factor, atol=self.atol * factor)
+
 
 @dataclass(frozen=True)
 class Correctness:
     distributions: tuple[str, ...]
-    fixed_shapes: tuple[tuple[int, ...], ...]
+    fixed_shapes: tuple[Params, ...]
     random_cases: int
-    random_shape: tuple[tuple[int, int], ...]  # inclusive [lo, hi] per dimension, log-uniform
+    random_shape: tuple[tuple[int, int], ...]  # inclusive [lo, hi] per parameter, log-uniform
     max_elements: int
+    steps: tuple[int, ...] = ()  # per parameter: drawn values are multiples of it (default 1)
 
 
 @dataclass(frozen=True)
@@ -78,228 +82,138 @@ class Limits:
     log_mib: float
 
 
+_modules: dict[Path, ModuleType] = {}
+
+
 @dataclass(frozen=True)
 class Task:
-    name: str
-    path: Path
-    reference: str  # importable module: Model, get_inputs, get_init_inputs, make_inputs, min_bytes
+    name: str  # as reports show it: l2norm, level1/19_ReLU
+    path: Path  # the task file: a YAML or the problem file itself
+    reference: str  # an importable module or a Python file (Model, get_inputs, ...)
     semantics: str
     parameters: tuple[str, ...]  # what a case's sizes are called, in order
     dtypes: tuple[str, ...]
     tolerance: dict[str, Tolerance]
-    correctness: Correctness
+    correctness: Correctness  # at the task's own sizes (on CUDA)
     benchmark_dtype: str
     benchmarks: dict[str, tuple[Params, ...]]  # device -> cases
     timing: dict[str, Timing]  # device -> settings
     limits: Limits
-    digest: str  # sha256 of the task file and its reference module: a changed task re-grades
+    digest: str  # sha256 of the task file and its reference: a changed task re-grades
+    mode: str = "train"  # or "eval": models stay as constructed unless the task says eval
+    # The tolerances are kbench's defaults, not the task's word: screening may widen them
+    # where the reference's own float arithmetic needs it (kbench.grading.screen).
+    default_tolerance: bool = False
+    cpu_correctness: Correctness | None = None  # shrunk for a CPU run; None: as on CUDA
+    checked_sizes: bool = False  # random sizes are tried on the meta device before use
+    notes: tuple[str, ...] = ()  # what kbench decided about the problem's sizes
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def reference_path(self) -> Path:
+        """The reference's file: what workers load."""
+        if self.reference.endswith(".py"):
+            return Path(self.reference).resolve()
+        return Path(importlib.import_module(self.reference).__file__).resolve()
 
     def reference_module(self) -> ModuleType:
-        return importlib.import_module(self.reference)
+        """The reference, imported once per process by its file (workers load the same file,
+        kbench.inputs.load_file)."""
+        path = self.reference_path
+        if path not in _modules:
+            _modules[path] = inputs.load_file(path, f"kbench_task_{_tag(path)}")
+        return _modules[path]
+
+    @property
+    def problem_inputs(self) -> bool:
+        """Inputs come from the problem's get_inputs (kbench.inputs.PROBLEM)."""
+        return self.correctness.distributions == (inputs.PROBLEM,)
+
+    def correctness_on(self, device: str) -> Correctness:
+        return self.cpu_correctness if device == "cpu" and self.cpu_correctness else \
+            self.correctness
+
+    def valid(self, params: Params) -> bool:
+        """Can the reference run at these sizes (checked on the meta device where the task's
+        sizes were; else assumed, and screening drops a case that breaks it)?"""
+        if not self.checked_sizes:
+            return True
+        from kbench.problems.sizes import valid
+        return valid(self.reference_module(), params, self.mode == "eval")
 
     def min_bytes(self, params: Params, dtype: str) -> int:
-        """Bytes one call must move at least (for GB/s and the memory plan), as the
-        reference module computes them."""
-        return int(self.reference_module().min_bytes(params, dtype))
+        """Bytes one call must move at least (for GB/s and the memory plan): the reference
+        module's ``min_bytes`` where it has one, else counted (kbench.problems.trial)."""
+        module = self.reference_module()
+        if hasattr(module, "min_bytes"):
+            return int(module.min_bytes(params, dtype))
+        from kbench.problems.trial import TrialError, on_meta
+        try:
+            return on_meta(module, params, dtype, self.mode == "eval").bytes
+        except TrialError:
+            return 0
+
+    def renamed(self, name: str) -> Task:
+        return replace(self, name=name)
 
 
-class _Reader:
-    """Walks the parsed YAML and raises TaskError naming file and dotted key."""
+def _tag(path: Path) -> str:
+    return hashlib.sha256(str(path).encode()).hexdigest()[:12]
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
 
-    def fail(self, key: str, expected: str, got: Any = None) -> TaskError:
-        got_text = "" if got is None else f", got {got!r}"
-        return TaskError(f"{self.path}: {key}: expected {expected}{got_text}")
-
-    def mapping(self, value: Any, key: str, allowed: set[str], required: set[str]) -> dict:
-        if not isinstance(value, dict):
-            raise self.fail(key or "top level", "a mapping", value)
-        for k in value:
-            if k not in allowed:
-                where = f"{key}.{k}" if key else str(k)
-                raise self.fail(where, f"one of the keys {sorted(allowed)} (unknown key)")
-        for k in sorted(required - value.keys()):
-            raise self.fail(f"{key}.{k}" if key else k, "this key (it is required)")
-        return value
-
-    def number(self, value: Any, key: str, minimum: float = 0.0, integer: bool = False) -> Any:
-        kind = (int,) if integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kind) or value < minimum:
-            what = "an integer" if integer else "a number"
-            raise self.fail(key, f"{what} >= {minimum:g}", value)
-        return value
-
-    def flag(self, value: Any, key: str) -> bool:
-        if not isinstance(value, bool):
-            raise self.fail(key, "true or false", value)
-        return value
-
-    def text(self, value: Any, key: str) -> str:
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(key, "a non-empty string", value)
-        return value
-
-    def choice(self, value: Any, key: str, allowed: tuple[str, ...]) -> str:
-        if value not in allowed:
-            raise self.fail(key, f"one of {list(allowed)}", value)
-        return value
-
-    def params(self, value: Any, key: str, names: tuple[str, ...]) -> Params:
-        """A case's sizes: a list in ``names`` order, or a mapping by name."""
-        if isinstance(value, dict):
-            self.mapping(value, key, set(names), set(names))
-            return {n: self.number(value[n], f"{key}.{n}", 1, integer=True) for n in names}
-        if not isinstance(value, list) or not value:
-            raise self.fail(key, "a shape: a non-empty list of positive integers", value)
-        if len(value) != len(names):
-            raise self.fail(key, f"{len(names)} dimensions ({', '.join(names)})", value)
-        return {n: self.number(d, f"{key}[{i}]", 1, integer=True)
-                for i, (n, d) in enumerate(zip(names, value, strict=True))}
-
-    def cases(self, value: Any, key: str, names: tuple[str, ...]) -> tuple[Params, ...]:
-        if not isinstance(value, list) or not value:
-            raise self.fail(key, "a non-empty list of shapes", value)
-        return tuple(self.params(s, f"{key}[{i}]", names) for i, s in enumerate(value))
-
-    def per_device(self, value: Any, key: str, read) -> dict:
-        """A value given once for every device, or as {cpu: ..., cuda: ...}."""
-        if isinstance(value, dict) and set(value) <= set(DEVICES):
-            self.mapping(value, key, set(DEVICES), set(DEVICES))
-            return {d: read(value[d], f"{key}.{d}") for d in DEVICES}
-        return {d: read(value, key) for d in DEVICES}
+def digest(*files: Path) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def find_task(name_or_path: str) -> Path:
-    """A task by name (tasks/NAME.yaml) or by path to a YAML file."""
+    """A task by name (tasks/NAME.yaml or tasks/NAME.py) or by path to a YAML or problem
+    file."""
     candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml"):
+    if candidate.suffix in (".yaml", ".yml", ".py"):
         if not candidate.is_file():
             raise TaskError(f"{candidate}: task file not found")
         return candidate
-    path = paths.tasks_dir() / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = ", ".join(available_tasks()) or "none"
-        raise TaskError(f"no task named {name_or_path!r} in {paths.tasks_dir()} (known: {known})")
-    return path
+    for suffix in (".yaml", ".py"):
+        path = paths.tasks_dir() / f"{name_or_path}{suffix}"
+        if path.is_file():
+            return path
+    known = ", ".join(available_tasks()) or "none"
+    raise TaskError(f"no task named {name_or_path!r} in {paths.tasks_dir()} (known: {known})")
 
 
 def available_tasks() -> list[str]:
+    """Tasks in tasks/: each YAML, and each problem file no YAML there names."""
     directory = paths.tasks_dir()
-    return sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
+    if not directory.is_dir():
+        return []
+    return sorted({p.stem for p in directory.glob("*.yaml")}
+                  | {p.stem for p in directory.glob("*.py") if not p.name.startswith("_")})
 
 
-def load_task(name_or_path: str) -> Task:
+_loaded: dict[tuple, Task] = {}
+
+
+def load_task(name_or_path: str, name: str | None = None) -> Task:
+    """A task by name or path; a problem file beside a YAML of the same stem is graded by
+    the YAML. ``name`` renames it (a problem in a set: level1/19_ReLU). Loaded once per
+    process while its file is unchanged (a problem's analysis takes time)."""
     path = find_task(name_or_path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise TaskError(f"{path}: not valid YAML: {exc}") from None
-    return _parse(raw, path)
+    if path.suffix == ".py" and path.with_suffix(".yaml").is_file():
+        path = path.with_suffix(".yaml")
+    key = (path.resolve(), name, path.stat().st_mtime_ns)
+    if key not in _loaded:
+        _loaded[key] = _load(path, name)
+    return _loaded[key]
 
 
-def _parse(raw: Any, path: Path) -> Task:
-    r = _Reader(path)
-    top_keys = {"name", "reference", "semantics", "parameters", "dtypes", "tolerance",
-                "correctness", "benchmarks", "timing", "limits"}
-    r.mapping(raw, "", top_keys, top_keys)
-
-    name = r.text(raw["name"], "name")
-    if name != path.stem:
-        raise r.fail("name", f"the file's name {path.stem!r}", name)
-    reference = r.text(raw["reference"], "reference")
-    try:
-        module = importlib.import_module(reference)
-    except ImportError as exc:
-        raise r.fail("reference", "an importable module", f"{reference} ({exc})") from None
-    for attr in ("Model", "get_inputs", "get_init_inputs", "make_inputs", "min_bytes",
-                 "DISTRIBUTIONS"):
-        if not hasattr(module, attr):
-            raise r.fail("reference", f"a module defining {attr}", reference)
-
-    names_raw = raw["parameters"]
-    if not isinstance(names_raw, list) or not names_raw or len(set(map(str, names_raw))) != len(
-            names_raw):
-        raise r.fail("parameters", "a non-empty list of distinct names", names_raw)
-    parameters = tuple(r.text(n, f"parameters[{i}]") for i, n in enumerate(names_raw))
-
-    dtypes_raw = raw["dtypes"]
-    if not isinstance(dtypes_raw, list) or not dtypes_raw:
-        raise r.fail("dtypes", f"a non-empty list drawn from {list(DTYPES)}", dtypes_raw)
-    dtypes = tuple(r.choice(d, f"dtypes[{i}]", DTYPES) for i, d in enumerate(dtypes_raw))
-
-    tol_raw = r.mapping(raw["tolerance"], "tolerance", set(DTYPES), set(dtypes))
-    tolerance = {}
-    for dtype, entry in tol_raw.items():
-        key = f"tolerance.{dtype}"
-        r.mapping(entry, key, {"rtol", "atol"}, {"rtol", "atol"})
-        tolerance[dtype] = Tolerance(rtol=float(r.number(entry["rtol"], f"{key}.rtol")),
-                                     atol=float(r.number(entry["atol"], f"{key}.atol")))
-
-    correctness = _parse_correctness(r, raw["correctness"], module, parameters)
-
-    bench_keys = {"dtype", "cpu", "cuda"}
-    bench = r.mapping(raw["benchmarks"], "benchmarks", bench_keys, bench_keys)
-    benchmark_dtype = r.choice(bench["dtype"], "benchmarks.dtype", dtypes)
-    benchmarks = {d: r.cases(bench[d], f"benchmarks.{d}", parameters) for d in DEVICES}
-
-    timing_keys = {"warmup_ms", "min_samples", "max_samples", "budget_ms", "target_ci",
-                   "compile_reference", "fresh_rounds_below_ms"}
-    t = r.mapping(raw["timing"], "timing", timing_keys, timing_keys - {"fresh_rounds_below_ms"})
-    min_samples = r.number(t["min_samples"], "timing.min_samples", 1, integer=True)
-    max_samples = r.number(t["max_samples"], "timing.max_samples", min_samples, integer=True)
-    warmup = r.per_device(t["warmup_ms"], "timing.warmup_ms", r.number)
-    budget = r.per_device(t["budget_ms"], "timing.budget_ms", r.number)
-    target = float(r.number(t["target_ci"], "timing.target_ci", 0.0001))
-    compile_ref = r.per_device(t["compile_reference"], "timing.compile_reference", r.flag)
-    fresh = r.per_device(t.get("fresh_rounds_below_ms", 0), "timing.fresh_rounds_below_ms",
-                         r.number)
-    timing = {d: Timing(float(warmup[d]), min_samples, max_samples, float(budget[d]), target,
-                        compile_ref[d], float(fresh[d])) for d in DEVICES}
-
-    limit_keys = {"build_s", "load_s", "case_s", "benchmark_s", "host_memory_gib", "log_mib"}
-    lim = r.mapping(raw["limits"], "limits", limit_keys, limit_keys)
-    limits = Limits(**{k: float(r.number(lim[k], f"limits.{k}", 0.001)) for k in limit_keys})
-
-    digest = hashlib.sha256(path.read_bytes())
-    digest.update(Path(module.__file__).read_bytes())
-    return Task(name=name, path=path, reference=reference, digest=digest.hexdigest(),
-                semantics=r.text(raw["semantics"], "semantics"), parameters=parameters,
-                dtypes=dtypes, tolerance=tolerance, correctness=correctness,
-                benchmark_dtype=benchmark_dtype, benchmarks=benchmarks, timing=timing,
-                limits=limits)
-
-
-def _parse_correctness(r: _Reader, raw: Any, module: ModuleType,
-                       parameters: tuple[str, ...]) -> Correctness:
-    keys = {"distributions", "fixed_shapes", "random_cases", "random_shape", "max_elements"}
-    c = r.mapping(raw, "correctness", keys, keys)
-    dist_raw = c["distributions"]
-    known = tuple(module.DISTRIBUTIONS)
-    if not isinstance(dist_raw, list) or not dist_raw:
-        raise r.fail("correctness.distributions", f"a non-empty list drawn from {list(known)}",
-                     dist_raw)
-    distributions = tuple(r.choice(d, f"correctness.distributions[{i}]", known)
-                          for i, d in enumerate(dist_raw))
-    ranges_raw = c["random_shape"]
-    if not isinstance(ranges_raw, list) or len(ranges_raw) != len(parameters):
-        raise r.fail("correctness.random_shape", f"a list of [lo, hi] per parameter "
-                     f"({', '.join(parameters)})", ranges_raw)
-    ranges = []
-    for i, pair in enumerate(ranges_raw):
-        key = f"correctness.random_shape[{i}]"
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise r.fail(key, "a pair [lo, hi]", pair)
-        lo = r.number(pair[0], f"{key}[0]", 1, integer=True)
-        hi = r.number(pair[1], f"{key}[1]", lo, integer=True)
-        ranges.append((lo, hi))
-    max_elements = r.number(c["max_elements"], "correctness.max_elements", 1, integer=True)
-    fixed = r.cases(c["fixed_shapes"], "correctness.fixed_shapes", parameters)
-    return Correctness(
-        distributions=distributions,
-        fixed_shapes=fixed,
-        random_cases=r.number(c["random_cases"], "correctness.random_cases", 0, integer=True),
-        random_shape=tuple(ranges),
-        max_elements=max_elements,
-    )
+def _load(path: Path, name: str | None) -> Task:
+    if path.suffix == ".py":
+        from kbench.problems.defaults import from_problem
+        task = from_problem(path)
+    else:
+        from kbench.task_yaml import parse
+        task = parse(path)
+    return task.renamed(name) if name else task

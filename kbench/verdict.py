@@ -28,6 +28,9 @@ class Status(str, Enum):
     # This machine cannot build or run it (a toolchain that cannot compile against torch, say):
     # not the submission's fault, and never reused once the machine is fixed.
     ENVIRONMENT_ERROR = "environment_error"
+    # The problem it was graded against cannot be graded (its reference fails, say): said
+    # once per problem in the report; not the submission's fault.
+    TASK_ERROR = "task_error"
     INTERNAL_ERROR = "internal_error"  # kbench itself failed; not the submission's fault
 
 

@@ -1,6 +1,10 @@
+import math
+
 import torch
 
-from kbench.compare import compare, compare_values
+from kbench import compare as judge
+from kbench.compare import Comparison, compare_values, needed_scale
+from kbench.outputs import Unsupported, flatten
 from kbench.reference import l2norm
 from kbench.task import Tolerance
 
@@ -10,6 +14,16 @@ FP32 = Tolerance(rtol=1e-5, atol=1e-5)
 def reference(x):
     model = l2norm.Model()
     return model(x), model(x.double())
+
+
+def compare(out, expected, exact, tol):
+    """kbench.compare.compare on whole outputs, flattened as the worker does."""
+    try:
+        leaves, structure = flatten(out)
+    except Unsupported as exc:
+        return Comparison(False, f"returned {exc}")
+    want, want_structure = flatten(expected)
+    return judge.compare(leaves, structure, want, want_structure, flatten(exact)[0], tol)
 
 
 def test_correct_float32_output_passes():
@@ -58,3 +72,27 @@ def test_type_shape_dtype_device_checked():
     assert not compare(sub, expected, exact, FP32).ok
     assert "shape" in compare(expected[:, :4], expected, exact, FP32).reason
     assert "dtype" in compare(expected.double(), expected, exact, FP32).reason
+
+
+def test_tuples_integers_and_numbers_compare_leaf_by_leaf():
+    x = torch.randn(4, 6)
+    values, index = x.max(dim=1)
+    exact = (x.double().max(dim=1).values, x.double().max(dim=1).indices)
+    assert compare((values.clone(), index.clone()), (values, index), exact, FP32).ok
+    assert "returned tensor, expected tuple(tensor, tensor)" in compare(
+        values, (values, index), exact, FP32).reason
+    wrong = index.clone()
+    wrong[0] += 1
+    result = compare((values, wrong), (values, index), exact, FP32)
+    assert not result.ok and "output 1" in result.reason and "exactly" in result.reason
+    assert compare(2.5, 2.5, 2.5, FP32).ok and not compare(2.6, 2.5, 2.5, FP32).ok
+    assert "returned int, expected float" in compare(2, 2.5, 2.5, FP32).reason
+
+
+def test_needed_scale_says_how_far_an_output_is():
+    ref = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    assert needed_scale([ref.clone()], [ref], [ref], FP32) == 0
+    off = ref * (1 + 4e-5)
+    assert 1 < needed_scale([off], [ref], [ref], FP32) < 10
+    assert needed_scale([torch.zeros(3, dtype=torch.float64)], [ref], [ref], FP32) > 1000
+    assert needed_scale([torch.ones(2)], [ref], [ref], FP32) == math.inf

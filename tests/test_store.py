@@ -243,20 +243,21 @@ def test_report_writes_are_atomic(tmp_path, monkeypatch):
 
 def test_reuse_needs_same_kbench_task_and_software(tmp_path):
     from kbench.environment import fingerprint
-    from kbench.results import SubmissionResult
+    from kbench.results import ProblemRun, SubmissionResult
     from kbench.verdict import Status
 
     store = Store(tmp_path)
     env = {"device": "cuda", "device_name": "NVIDIA H200", "torch": "2.11.0", "driver": "580"}
-    run_id = store.start_run(kbench_version="0.1.0", task="l2norm", task_hash="t1", seed=1,
+    run_id = store.start_run(kbench_version="0.1.0", task="l2norm", task_hash="set", seed=1,
                              device="cuda", fingerprint=fingerprint(env),
                              options={"case_indices": None, "timing": "eager"}, environment=env)
+    store.set_problem(run_id, ProblemRun(name="l2norm", path="l2norm.yaml", digest="t1"))
     store.add_result(run_id, SubmissionResult(name="l2norm_x", path="x.py", sha256="abc",
-                                              status=Status.OK, speedup=1.5))
+                                              status=Status.OK, speedup=1.5, problem="l2norm"))
     fp = fingerprint(env)
     assert store.reusable("abc", "t1", "0.1.0", fp, "eager")[0] == run_id
     assert store.reusable("abd", "t1", "0.1.0", fp, "eager") is None  # another file
-    assert store.reusable("abc", "t2", "0.1.0", fp, "eager") is None  # another task
+    assert store.reusable("abc", "t2", "0.1.0", fp, "eager") is None  # another problem
     assert store.reusable("abc", "t1", "0.2.0", fp, "eager") is None  # another kbench
     assert store.reusable("abc", "t1", "0.1.0", fp, "graph") is None  # another timing mode
     for key, value in (("torch", "2.12.0"), ("device_name", "NVIDIA H100"), ("driver", "590")):
@@ -267,6 +268,7 @@ def test_reuse_needs_same_kbench_task_and_software(tmp_path):
     for name, sha, status, speedup in (("l2norm_env", "e", Status.ENVIRONMENT_ERROR, None),
                                        ("l2norm_nospeed", "n", Status.OK, None)):
         store.add_result(run_id, SubmissionResult(name=name, path="y.py", sha256=sha,
-                                                  status=status, speedup=speedup))
+                                                  status=status, speedup=speedup,
+                                                  problem="l2norm"))
         assert store.reusable(sha, "t1", "0.1.0", fp, "eager") is None
     assert store.graded_names(run_id) == {"l2norm_x", "l2norm_nospeed"}

@@ -64,20 +64,31 @@ class Channel:
         return answer
 
     def load(self, sub: Submission, instantiate: bool, class_name: str = "ModelNew",
-             compile: bool = False, stage: str = "load") -> None:
+             compile: bool = False, stage: str = "load") -> protocol.Loaded:
+        """Import the file (a build); with ``instantiate``, also build the model the first
+        case runs, whose weights' checksums come back."""
         ctx = self.ctx
         limit = ctx.task.limits.build_s if not instantiate else ctx.task.limits.load_s
-        self.call(protocol.Load(
-            path=str(sub.path.resolve()), module_name=f"kbench_submission_{sub.name}",
-            class_name=class_name, init_args=ctx.init_args, device=ctx.device.type,
-            reference=ctx.task.reference, instantiate=instantiate, compile=compile),
-            limit, stage)
+        return self.call(protocol.Load(
+            path=str(sub.path.resolve()), module_name=f"kbench_submission_{_safe(sub.name)}",
+            class_name=class_name, device=ctx.device.type,
+            reference=str(ctx.task.reference_path),
+            model=ctx.load_spec() if instantiate else None, eval_mode=ctx.task.mode == "eval",
+            compile=compile), limit, stage)
 
     def samples(self, params: Params, rounds: int = 1, keep: bool = False) -> protocol.Samples:
         """One round of timing of one case; the worker draws the inputs from secret seeds
         and, with ``keep``, holds some outputs for kbench.grading.integrity.verify."""
         ctx = self.ctx
-        answer = self.call(protocol.Time(params=params, dtype=ctx.task.benchmark_dtype,
+        dtype = ctx.task.benchmark_dtype
+        answer = self.call(protocol.Time(params=params, dtype=dtype,
+                                         distribution=ctx.distribution,
+                                         model=ctx.spec(params, dtype),
                                          timing=ctx.timing(rounds), keep=keep),
                            ctx.task.limits.benchmark_s, f"benchmark {params_text(params)}")
         return answer.samples
+
+
+def _safe(name: str) -> str:
+    """A submission's name as part of a module name."""
+    return "".join(ch if ch.isalnum() else "_" for ch in name)

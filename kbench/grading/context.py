@@ -1,24 +1,51 @@
-"""What is fixed for one grading run on one device: the task, the options, the reference the
-trusted side computes expected outputs with, the planned cases and the toolchain."""
+"""What is fixed for one problem graded on one device: the task, the options, the reference
+the trusted side computes expected outputs with, the planned cases and the toolchain."""
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
+from kbench import inputs
 from kbench.cases import Case, plan_cases, select
 from kbench.discovery import Submission
 from kbench.grading.options import Options
-from kbench.protocol import TimingSettings
-from kbench.task import Params, Task
-from kbench.toolchain import Toolchain, find_toolchain
+from kbench.outputs import flatten
+from kbench.protocol import ModelSpec, TimingSettings
+from kbench.task import Params, Task, Tolerance
+from kbench.toolchain import Toolchain
 
 Say = Callable[[str], None]
+
+_MODELS_KEPT = 2  # reference instances kept (cases of other sizes or dtypes build their own)
+
+
+class NoExact(Exception):
+    """The reference ran in the case's dtype but not as its float64 copy (kbench.grading.screen
+    then takes exact values from float32)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The reference's output for one input, as leaves: ``output`` in the case's dtype (the
+    type, shape and dtype to match; integer values to match exactly) and ``exact`` from a
+    float64 copy of the model on float64 inputs (the values to approach)."""
+
+    output: list
+    structure: str
+    exact: list
 
 
 @dataclass
@@ -26,36 +53,102 @@ class Context:
     task: Task
     options: Options
     device: torch.device
-    reference: ModuleType  # the task's reference module: Model, make_inputs, min_bytes
-    init_args: list
-    ref_model: torch.nn.Module  # the trusted side's own instance, for expected outputs
+    reference: ModuleType  # the task's reference module, loaded from its file
     toolchain: Toolchain
     cases: list[Case]
     logs: Path
-    reference_file: Submission  # the reference module as a worker loads it
+    reference_file: Submission  # the reference's file as a worker loads it
     say: Say
+    model_seed: int  # every model instance of the run is built under it (same weights)
+    notes: list[str] = field(default_factory=list)  # what screening found or decided
+    exact_dtype: str = "float64"  # "float32" where an op of the reference has no float64
+    _models: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def create(cls, task: Task, options: Options, say: Say = lambda line: None) -> Context:
+    def create(cls, task: Task, options: Options, toolchain: Toolchain,
+               say: Say = lambda line: None) -> Context:
         """Raises kbench.cases.CaseError for a ``--case`` the plan does not have."""
         device = torch.device(options.device.value)
-        reference = task.reference_module()
-        init_args = list(reference.get_init_inputs())
+        seed = int.from_bytes(hashlib.sha256(f"{options.seed}:weights".encode()).digest()[:6],
+                              "big")
         return cls(
-            task=task, options=options, device=device, reference=reference,
-            init_args=init_args, ref_model=reference.Model(*init_args).to(device).eval(),
-            toolchain=find_toolchain(options.cuda_arch, options.cache_dir / "toolkits"),
-            cases=select(plan_cases(task, options.seed), options.case_indices),
+            task=task, options=options, device=device, reference=task.reference_module(),
+            toolchain=toolchain,
+            cases=select(plan_cases(task, options.seed, device.type), options.case_indices),
             logs=options.out_dir / "logs",
-            reference_file=Submission("reference", Path(reference.__file__)), say=say)
+            reference_file=Submission("reference", task.reference_path), say=say,
+            model_seed=seed, notes=list(task.notes))
 
     @property
     def benchmarks(self) -> tuple[Params, ...]:
         return self.task.benchmarks[self.device.type]
 
+    @property
+    def distribution(self) -> str:
+        """What timed inputs are drawn from: the task's first distribution."""
+        return self.task.correctness.distributions[0]
+
     def traffic(self, params: Params) -> int:
         """Bytes one timed call must move at least, as the task computes them."""
         return self.task.min_bytes(params, self.task.benchmark_dtype)
+
+    def load_spec(self) -> ModelSpec:
+        """The instance a worker builds as it loads: the first case's (the problem's own
+        sizes, unless --case picked others)."""
+        params = self.cases[0].params if self.cases else self.benchmarks[0]
+        return self.spec(params, self.cases[0].dtype if self.cases else self.task.dtypes[0])
+
+    def tolerance(self, case: Case) -> Tolerance:
+        return self.task.tolerance[case.dtype].scaled(case.scale)
+
+    def spec(self, params: Params, dtype: str) -> ModelSpec:
+        """The model instance for a case: the problem's init inputs at its sizes."""
+        init = inputs.init_inputs(self.reference, params, self.model_seed)
+        return ModelSpec(init_args=init, dtype=dtype, seed=self.model_seed)
+
+    def draw(self, params: Params, dtype: str, distribution: str, seed: int) -> list:
+        return inputs.draw(self.reference, params, dtype, distribution, seed, self.device)
+
+    def expected(self, params: Params, dtype: str, args: list, exact: bool = True) -> Expected:
+        """The reference's output on ``args`` (drawn at ``params``), in ``dtype`` and (unless
+        not ``exact``) from its float64 copy."""
+        spec = self.spec(params, dtype)
+        model = self._model(spec)
+        inputs.bind(self.reference, params)  # a forward may read the module's sizes
+        with torch.no_grad():
+            output, structure = flatten(model(*args))
+            if self.exact_dtype == dtype or not exact:
+                return Expected(output, structure, output)
+            try:
+                exact_model = self._model(spec, exact=True)
+                exact, _ = flatten(exact_model(*inputs.promoted(args, self.exact_dtype)))
+            except Exception as exc:  # an op without float64, or no room for a float64 copy
+                raise NoExact(exc) from exc
+        return Expected(output, structure, exact)
+
+    def reference_state(self, spec: ModelSpec) -> dict[str, Any]:
+        """A new reference instance's parameters and buffers by name, as built: before any
+        call (a training-mode BatchNorm's forward updates its running statistics)."""
+        return inputs.build(self.reference.Model, spec.init_args, spec.seed, self.device,
+                            spec.dtype, self.task.mode == "eval").state_dict()
+
+    def _model(self, spec: ModelSpec, exact: bool = False) -> Any:
+        """The reference instance ``spec`` names (built under its seed), or its copy in the
+        exact dtype; the latest few are kept."""
+        key = repr((spec, exact))
+        if key not in self._models:
+            while len(self._models) >= 2 * _MODELS_KEPT:
+                del self._models[next(iter(self._models))]
+            self._models[key] = copy.deepcopy(self._model(spec)).to(
+                dtype=getattr(torch, self.exact_dtype)) if exact else inputs.build(
+                self.reference.Model, spec.init_args, spec.seed, self.device, spec.dtype,
+                self.task.mode == "eval")
+        return self._models[key]
+
+    def without_float64(self) -> None:
+        """The reference cannot run in float64 here: its exact outputs come from float32."""
+        self.exact_dtype = "float32"
+        self._models.clear()
 
     def timing(self, rounds: int) -> TimingSettings:
         """The task's stopwatch settings for one of ``rounds`` turns."""
@@ -67,6 +160,7 @@ class Context:
 
     def failure(self, sub: Submission, case: Case) -> dict:
         """The failing case and the command that reproduces it."""
+        task = f" --task {self.task.path}" if self.task.path.suffix == ".py" else ""
         return {"case": case.to_dict(),
-                "reproduce": f"kbench grade {sub.path} --seed {self.options.seed} "
+                "reproduce": f"kbench grade {sub.path}{task} --seed {self.options.seed} "
                              f"--case {case.index} --device {self.device.type}"}

@@ -12,7 +12,7 @@ import torch
 
 from kbench import protocol
 from kbench.cases import Case
-from kbench.compare import compare, compare_values, identical
+from kbench.compare import compare, identical, needed_scale
 from kbench.discovery import Submission
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
@@ -29,11 +29,11 @@ SETTLE_S = 0.5
 
 @dataclass(frozen=True)
 class Returned:
-    """An output as the worker returned it (memory the worker can still write), the copy
-    that was checked, and when (time.monotonic()) the answer came."""
+    """An output's leaves as the worker returned them (memory the worker can still write),
+    the copies that were checked, and when (time.monotonic()) the answer came."""
 
-    shared: torch.Tensor
-    copy: torch.Tensor
+    shared: list
+    copy: list
     case: Case
     at: float
 
@@ -49,40 +49,57 @@ def check(ctx: Context, channel: Channel, sub: Submission,
     first (determinism). Returns every output with its checked copy, for recheck."""
     returned: list[Returned] = []
     first_again = None
-    again = [_random.choice(ctx.cases)] if ctx.cases else []
-    for index, case in enumerate(ctx.cases + again):
-        repeat = index == len(ctx.cases)
-        inputs = ctx.reference.make_inputs(case.params, case.dtype, case.distribution,
-                                           case.seed, ctx.device)
-        sent = [t.clone() for t in inputs]  # shared with the worker: its writes show here
+    for case, role in _with_repeat(ctx):
+        inputs = ctx.draw(case.params, case.dtype, case.distribution, case.seed)
+        sent = [_copy(t) for t in inputs]  # shared with the worker: its writes show here
+        request = protocol.Run(sent, ctx.spec(case.params, case.dtype))
         try:
-            answer = channel.call(protocol.Run(sent), ctx.task.limits.case_s, case.describe())
+            answer = channel.call(request, ctx.task.limits.case_s, case.describe())
         except Stop as stop:
             stop.failure = ctx.failure(sub, case)
             raise
-        if isinstance(answer, protocol.NotATensor):
+        if isinstance(answer, protocol.Unsupported):
             raise Stop(Verdict(Status.WRONG_OUTPUT, f"{case.describe()}: returned "
-                               f"{answer.output_type}, expected torch.Tensor"),
+                               f"{answer.output_type}, expected tensors or numbers"),
                        ctx.failure(sub, case))
-        out = answer.returned.clone()  # the grader's own: nothing in the worker can write it
+        out = [_copy(v) for v in answer.returned]  # the grader's own: no worker can write it
         _judge(ctx, sub, case, inputs, sent, answer, out)
-        if repeat:
+        if role == "again":
             _same_twice(ctx, sub, case, first_again, out)
-        returned.append(Returned(answer.output, out, case, time.monotonic()))
-        if again and case is again[0] and not repeat:
+        elif role == "first":
             first_again = out
-        if result is not None and not repeat:
+        returned.append(Returned(answer.outputs, out, case, time.monotonic()))
+        if result is not None and role != "again":
             result.cases_passed += 1
     return returned
 
 
-def _judge(ctx: Context, sub: Submission, case: Case, inputs: list[torch.Tensor],
-           sent: list[torch.Tensor], answer: protocol.Ran, out: torch.Tensor) -> None:
+def _with_repeat(ctx: Context) -> list[tuple[Case, str]]:
+    """Every case once ("once", or "first" for the one picked at random to be sent again),
+    and the picked one "again", to the same model instance, right after the last case that
+    instance serves: it has seen every other input it serves in between, and the worker,
+    which keeps only its latest few instances, still holds it."""
+    if not ctx.cases:
+        return []
+    pick = _random.choice(ctx.cases)
+    key = repr(ctx.spec(pick.params, pick.dtype))
+    last = max(i for i, case in enumerate(ctx.cases)
+               if repr(ctx.spec(case.params, case.dtype)) == key)
+    order = [(case, "first" if case is pick else "once") for case in ctx.cases]
+    order.insert(last + 1, (pick, "again"))
+    return order
+
+
+def _copy(value: object) -> object:
+    return value.clone() if type(value) is torch.Tensor else value
+
+
+def _judge(ctx: Context, sub: Submission, case: Case, inputs: list, sent: list,
+           answer: protocol.Ran, out: list) -> None:
     """Right values (against the reference in float64), and the inputs left alone."""
-    with torch.no_grad():
-        expected = ctx.ref_model(*inputs)
-        exact = ctx.ref_model(*[t.to(torch.float64) for t in inputs])
-    outcome = compare(out, expected, exact, ctx.task.tolerance[case.dtype])
+    expected = ctx.expected(case.params, case.dtype, inputs)
+    outcome = compare(out, answer.structure, expected.output, expected.structure,
+                      expected.exact, ctx.tolerance(case))
     if not outcome.ok:
         failure = ctx.failure(sub, case)
         failure.update(max_abs_err=outcome.max_abs_err, max_rel_err=outcome.max_rel_err)
@@ -98,20 +115,15 @@ def _judge(ctx: Context, sub: Submission, case: Case, inputs: list[torch.Tensor]
                            "were right)"), ctx.failure(sub, case))
 
 
-def _same_twice(ctx: Context, sub: Submission, case: Case, first: torch.Tensor,
-                second: torch.Tensor) -> None:
+def _same_twice(ctx: Context, sub: Submission, case: Case, first: list, second: list) -> None:
     """The same input, sent twice: the outputs, each right, must also agree with each other
-    within the task's tolerance."""
-    if second.shape == first.shape:
-        outcome = compare_values(second.to(torch.float64), first.to(torch.float64),
-                                 ctx.task.tolerance[case.dtype])
-        if outcome.ok:
-            return
-        why = outcome.reason
-    else:
-        why = f"the second is {type(second).__qualname__} {tuple(second.shape)}"
+    within the case's tolerance."""
+    scale = needed_scale(second, first, first, ctx.tolerance(case))
+    if scale <= 1:
+        return
     raise Stop(Verdict(Status.FLAGGED, f"{case.describe()}: the same input twice gave "
-                       f"different outputs ({why})"), ctx.failure(sub, case))
+                       f"different outputs (they differ {scale:.3g}x beyond the tolerance)"),
+               ctx.failure(sub, case))
 
 
 def recheck(ctx: Context, sub: Submission, returned: list[Returned]) -> None:

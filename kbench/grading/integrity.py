@@ -17,7 +17,7 @@ from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
 from kbench.grading.options import TimingMode
 from kbench.results import Benchmark, params_text
-from kbench.task import Params, Tolerance
+from kbench.task import Params
 from kbench.verdict import Status, Verdict
 
 _random = random.SystemRandom()  # choices a submission must not be able to predict
@@ -60,21 +60,20 @@ def verify(ctx: Context, channel: Channel, params: Params, kept: list[int]) -> N
                            "outputs asked for (was kbench's worker code changed in the "
                            "submission's process?)"))
     dtype = ctx.task.benchmark_dtype
-    tol = ctx.task.tolerance[dtype]
-    loose = Tolerance(rtol=2 * tol.rtol, atol=2 * tol.atol)
+    loose = ctx.task.tolerance[dtype].scaled(2)
     for item in items:
         where = f"{stage}: timed call {item.call}"
-        if item.output is None:
-            raise Stop(Verdict(Status.WRONG_OUTPUT, f"{where} returned {item.output_type}, "
-                               "expected torch.Tensor"))
-        inputs = ctx.reference.make_inputs(params, dtype, "normal", item.seed, ctx.device)
-        with torch.no_grad():
-            expected = ctx.ref_model(*inputs)
+        if item.outputs is None:
+            raise Stop(Verdict(Status.WRONG_OUTPUT, f"{where} returned {item.structure}, "
+                               "expected tensors or numbers"))
+        inputs = ctx.draw(params, dtype, ctx.distribution, item.seed)
+        expected = ctx.expected(params, dtype, inputs, exact=False)
         del inputs
-        if item.norm is not None and not same_fingerprint(fingerprint(item.output), item.norm):
+        if item.norm is not None and not same_fingerprint(fingerprint(item.outputs), item.norm):
             raise Stop(Verdict(Status.FLAGGED, f"{where}: the output changed after the call "
                                "returned (it was still being written)"))
-        outcome = compare_in_chunks(item.output, expected, loose)
+        outcome = compare_in_chunks(item.outputs, item.structure, expected.output,
+                                    expected.structure, loose)
         del expected
         if not outcome.ok:
             raise Stop(Verdict(Status.WRONG_OUTPUT, f"{where}: wrong output: {outcome.reason}"))
@@ -103,8 +102,11 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark) -> None:
     calls = min(_CLOCKED_MAX_CALLS, max(1, math.ceil(_CLOCKED_MS / mine.ms)))
     best = math.inf
     for _ in range(_CLOCKED_PASSES):
-        channel.call(protocol.Prepare(params=bench.params, dtype=ctx.task.benchmark_dtype,
-                                      calls=calls), limit, stage)
+        dtype = ctx.task.benchmark_dtype
+        channel.call(protocol.Prepare(params=bench.params, dtype=dtype,
+                                      distribution=ctx.distribution,
+                                      model=ctx.spec(bench.params, dtype), calls=calls),
+                     limit, stage)
         seconds = []
         for empty in (True, False):
             t0 = time.perf_counter()

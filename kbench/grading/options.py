@@ -31,6 +31,7 @@ class Options:
     case_indices: list[int] | None = None  # only these cases, and no timing
     cuda_arch: str | None = None
     timing: TimingMode = TimingMode.EAGER
+    untimed: bool = False  # correctness only (--no-timing)
 
     def __post_init__(self) -> None:
         try:
@@ -50,12 +51,13 @@ class Options:
 
     @property
     def timed(self) -> bool:
-        return self.case_indices is None
+        return self.case_indices is None and not self.untimed
 
     def resumable(self) -> dict:
         """What ``--resume`` must repeat besides the seed."""
         return {"device": self.device.value, "case_indices": self.case_indices,
-                "cuda_arch": self.cuda_arch, "timing": self.timing.value}
+                "cuda_arch": self.cuda_arch, "timing": self.timing.value,
+                "untimed": self.untimed}
 
     def to_dict(self) -> dict:
         data = asdict(self)

@@ -28,14 +28,16 @@ _COPY_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}
 class ReferenceWorker:
     """An eager reference's process. On opening it passes the reference's own correctness
     cases (proof that the tolerances accept its arithmetic, and the same process history as a
-    candidate's); the one named "reference" then measures the copy bandwidth. If it dies it
+    candidate's); the main one then measures the copy bandwidth. If it dies it
     is opened again, up to _REOPEN times."""
 
     _REOPEN = 2
 
-    def __init__(self, ctx: Context, name: str, skips: list[str | None]) -> None:
+    def __init__(self, ctx: Context, name: str, skips: list[str | None],
+                 measures_copy: bool = False) -> None:
         self.ctx = ctx
         self.name = name  # of its log
+        self.measures_copy = measures_copy
         self.skips = skips  # per benchmark case: why it cannot run here (shared with the pool)
         self.channel: Channel | None = None
         self.copy_gbps: float | None = None
@@ -69,7 +71,7 @@ class ReferenceWorker:
         try:
             channel.load(ctx.reference_file, True, "Model")
             correctness.check(ctx, channel, ctx.reference_file, None)
-            if self.copy_gbps is None and self.name == "reference":
+            if self.copy_gbps is None and self.measures_copy:
                 self.copy_gbps = _copy_gbps(ctx, channel)
         except BaseException:
             channel.close()
@@ -91,11 +93,14 @@ class ReferencePool:
     one process per fresh round: round r of a candidate divides the reference's round r in
     worker r."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, copy_gbps: float | None = None) -> None:
+        """``copy_gbps``: the copy bandwidth if this run measured it already."""
         self.ctx = ctx
         self.skips: list[str | None] = [None] * len(ctx.benchmarks)
-        self.main = ReferenceWorker(ctx, "reference", self.skips)
-        self.rounds = [self.main] + [ReferenceWorker(ctx, f"reference.round{r + 1}", self.skips)
+        log = f"{ctx.task.name.replace('/', '__')}.reference"
+        self.main = ReferenceWorker(ctx, log, self.skips, measures_copy=True)
+        self.main.copy_gbps = copy_gbps
+        self.rounds = [self.main] + [ReferenceWorker(ctx, f"{log}.round{r + 1}", self.skips)
                                      for r in range(1, FRESH_ROUNDS)]
 
     def __enter__(self) -> ReferencePool:
@@ -124,7 +129,7 @@ class ReferencePool:
         ctx = self.ctx
         timings: list[Samples | None] = [None] * len(ctx.benchmarks)
         try:
-            with Channel(ctx, "reference.compile.run.log", child_env({})) as channel:
+            with Channel(ctx, f"{self.main.name}.compile.run.log", child_env({})) as channel:
                 channel.load(ctx.reference_file, True, "Model", compile=True)
                 for i, params in enumerate(ctx.benchmarks):
                     if self.skips[i] is None:

@@ -4,13 +4,17 @@ moment it comes back."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 from kbench import __version__, environment
 from kbench.discovery import Submission
 from kbench.grading.executor import Executor, Job
 from kbench.grading.options import Options
-from kbench.results import Benchmark, SubmissionResult
+from kbench.results import ProblemRun, SubmissionResult
 from kbench.sandbox import remove_stale_logs
 from kbench.store import Store
 from kbench.task import Task
@@ -18,55 +22,83 @@ from kbench.task import Task
 Progress = Callable[[SubmissionResult, int, int], None]  # a result, its place, how many
 
 
+@dataclass
+class Entry:
+    """A problem and the submissions graded against it; ``task`` is None where the problem
+    could not be loaded (the executor then reports why, and its submissions get task_error)."""
+
+    name: str
+    path: Path
+    task: Task | None
+    submissions: list[Submission]
+
+
+Plan = list[Entry]
+
+
 class _StoreSink:
-    """Results and reference tables into the store, each passed on to ``report``."""
+    """Results and problems into the store, each result passed on to ``report``."""
 
     def __init__(self, store: Store, run_id: int, report: Callable[[SubmissionResult], None]
                  ) -> None:
         self.store, self.run_id, self.report = store, run_id, report
 
-    def reference(self, table: list[Benchmark], copy_gbps: float | None,
-                  notes: list[str]) -> None:
-        self.store.set_reference(self.run_id, table, copy_gbps, notes)
+    def problem(self, problem: ProblemRun) -> None:
+        self.store.set_problem(self.run_id, problem)
 
     def result(self, result: SubmissionResult) -> None:
         self.store.add_result(self.run_id, result)
         self.report(result)
 
 
-def grade(task: Task, options: Options, executor: Executor, submissions: list[Submission],
-          store: Store, run_id: int | None = None, force: bool = False,
+def plan_digest(plan: Plan) -> str:
+    """What a resumed run must still grade against: every task's digest, by name."""
+    return hashlib.sha256(json.dumps(sorted(
+        (e.name, e.task.digest if e.task else f"unloadable {e.path}") for e in plan)).encode()
+    ).hexdigest()
+
+
+def grade(label: str, plan: Plan, options: Options, executor: Executor, store: Store,
+          run_id: int | None = None, force: bool = False,
           on_result: Progress = lambda r, i, n: None, say: Callable[[str], None] = print
           ) -> int:
-    """Grade into ``store``: a new run, or the rest of ``run_id``. Each result is stored the
-    moment it is known and passed to ``on_result`` with its place among the submissions this
-    call grades. Returns the run's id. Raises StoreError if another kbench process is grading
-    ``run_id``."""
+    """Grade into ``store``: a new run named ``label``, or the rest of ``run_id``. Each
+    result is stored the moment it is known and passed to ``on_result`` with its place among
+    the submissions this call grades. Returns the run's id. Raises StoreError if another
+    kbench process is grading ``run_id``."""
     env = executor.environment()
     fingerprint = environment.fingerprint(env)
     if run_id is None:
         run_id = store.start_run(
-            kbench_version=__version__, task=task.name, task_hash=task.digest,
+            kbench_version=__version__, task=label, task_hash=plan_digest(plan),
             seed=options.seed, device=options.device.value, fingerprint=fingerprint,
             options=options.resumable(), environment=env)
     store.claim(run_id)
     store.set_problems(run_id, env["problems"])  # a resume says what it saw
     remove_stale_logs(options.out_dir / "logs")
     graded = store.graded_names(run_id)
-    left = [sub for sub in submissions if sub.name not in graded]
+    left = [(e, sub) for e in plan for sub in e.submissions if sub.name not in graded]
     if graded:
         say(f"run {run_id} has {len(graded)} result(s) stored; grading the other {len(left)}")
     done = iter(range(1, len(left) + 1))
     sink = _StoreSink(store, run_id, lambda result: on_result(result, next(done), len(left)))
     todo = []
-    for sub in left:
-        earlier = None if force or not options.timed else store.reusable(
-            sub.sha256, task.digest, __version__, fingerprint, options.timing.value)
+    reused: set[str] = set()
+    for entry, sub in left:
+        earlier = None if force or not options.timed or entry.task is None else \
+            store.reusable(sub.sha256, entry.task.digest, __version__, fingerprint,
+                           options.timing.value)
         if earlier is None:
-            todo.append(Job.make(task, sub, options))
+            todo.append(Job.make(entry.path, entry.name, sub, options))
             continue
+        if entry.name not in reused:  # the problem's record comes with its results
+            reused.add(entry.name)
+            copied = store.problem(earlier[0], entry.name)
+            if copied is not None:
+                sink.problem(copied)
         result = earlier[1]  # the same bytes, perhaps under another name
         result.name, result.path, result.reused_from_run = sub.name, str(sub.path), earlier[0]
+        result.problem = entry.name
         sink.result(result)
     if todo:
         executor.run(todo, sink)

@@ -8,7 +8,7 @@ import traceback
 
 from kbench import backends, scan
 from kbench.discovery import Submission
-from kbench.grading import building, correctness, rounds
+from kbench.grading import building, correctness, rounds, weights
 from kbench.grading.building import Built
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
@@ -31,13 +31,14 @@ class Slot:
         result = SubmissionResult(
             name=sub.name, path=str(sub.path), sha256=sub.sha256,
             status=Status.OK, cases_total=len(ctx.cases), flags=scan.flags(source),
-            build_s=round(built.seconds, 2), logs=[str(ctx.logs / f"{sub.name}.build.log")])
+            build_s=round(built.seconds, 2), logs=[str(ctx.logs / f"{sub.log_name}.build.log")],
+            problem=ctx.task.name)
         verdict = built.verdict
         changed = self.watcher.watch([sub.path], [ctx.logs, building.folder(ctx, sub)])
         if verdict is None:
             verdict = backends.for_source(source).cannot_run(ctx.device.type, ctx.toolchain)
         if verdict is None:
-            result.logs.append(str(ctx.logs / f"{sub.name}.run.log"))
+            result.logs.append(str(ctx.logs / f"{sub.log_name}.run.log"))
             try:
                 self._run(sub, result, reference)
                 verdict = Verdict(Status.OK)
@@ -54,9 +55,16 @@ class Slot:
     def _run(self, sub: Submission, result: SubmissionResult,
              reference: list[Benchmark]) -> None:
         ctx = self.ctx
-        with Channel(ctx, f"{sub.name}.run.log", building.env(ctx, sub)) as channel:
-            channel.load(sub, instantiate=True)
-            correctness.recheck(ctx, sub, correctness.check(ctx, channel, sub, result))
+        with Channel(ctx, f"{sub.log_name}.run.log", building.env(ctx, sub)) as channel:
+            differ = weights.differing(ctx, channel.load(sub, instantiate=True).weights)
+            try:
+                returned = correctness.check(ctx, channel, sub, result)
+            except Stop as stop:
+                if differ and stop.verdict.status is Status.WRONG_OUTPUT:
+                    stop.verdict = Verdict(Status.WRONG_OUTPUT,
+                                           weights.explained(stop.verdict.reason, differ))
+                raise
+            correctness.recheck(ctx, sub, returned)
             if ctx.options.timed:
                 rounds.time_submission(ctx, channel, result, reference, self.pool,
                                        lambda r: self._round_channel(sub, r, result))
@@ -64,7 +72,7 @@ class Slot:
     def _round_channel(self, sub: Submission, r: int, result: SubmissionResult) -> Channel:
         """A new process for round ``r`` of the submission's launch-bound cases (see
         kbench.grading.rounds), its instance loaded from the warm build cache."""
-        log = f"{sub.name}.round{r + 1}.log"
+        log = f"{sub.log_name}.round{r + 1}.log"
         result.logs.append(str(self.ctx.logs / log))
         channel = Channel(self.ctx, log, building.env(self.ctx, sub))
         try:

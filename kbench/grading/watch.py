@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kbench import paths
 from kbench.grading.context import Context
+from kbench.grading.options import Options
 from kbench.guard import Guard, Presence
 from kbench.verdict import Status, Verdict
 
@@ -18,28 +19,34 @@ def tampered(when: str, lines: list[str]) -> Verdict:
 
 
 class Watcher:
-    def __init__(self, ctx: Context) -> None:
-        opts = ctx.options
+    """kbench's files for a run, and the task's (see ``for_task``)."""
+
+    def __init__(self, options: Options) -> None:
         # kbench's own code (every new worker imports it) but not the bundled submissions:
         # those of a run are watched one by one.
         code = tuple(p for p in paths.PACKAGE_DIR.iterdir()
                      if p.name not in ("submissions", "__pycache__"))
-        cache = opts.cache_dir / "extensions"
-        self.guard = Guard(restorable=(opts.out_dir, ctx.task.path,
-                                       Path(ctx.reference.__file__), *code),
-                           cache=(cache,), shared=(opts.out_dir, cache))
-        self.presences = [Presence(opts.cache_dir)]  # and the store's (see add_presence)
+        cache = options.cache_dir / "extensions"
+        self.guard = Guard(restorable=(options.out_dir, *code), cache=(cache,),
+                           shared=(options.out_dir, cache))
+        self.presences = [Presence(options.cache_dir)]  # and the store's (see add_presence)
+        self.task_files: tuple[Path, ...] = ()
         self.unwatched = 0  # windows whose writes to the shared folders went unchecked
 
     def add_presence(self, presence: Presence) -> None:
         self.presences.append(presence)
+
+    def for_task(self, ctx: Context) -> None:
+        """Watch the task being graded too: its file and its reference."""
+        self.task_files = tuple(dict.fromkeys((ctx.task.path, ctx.task.reference_path)))
 
     def watch(self, files: list[Path], ignore: list[Path]) -> Callable[[], list[str]]:
         """Start watching kbench's files, and ``files``, while submissions' code runs; call
         the result once it has ended: what they changed, put right since. The output folder
         and the build cache count only if no other kbench process used them at the start or
         at the end (their writes there cannot be told from a submission's)."""
-        guard = Guard(self.guard.restorable + tuple(files), self.guard.cache, self.guard.shared)
+        guard = Guard(self.guard.restorable + self.task_files + tuple(files), self.guard.cache,
+                      self.guard.shared)
         alone = all(p.alone() for p in self.presences)
         before = guard.snapshot(ignore, alone)
 

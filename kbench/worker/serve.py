@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import importlib
-import importlib.util
 import multiprocessing
 import os
 import secrets
@@ -35,20 +33,28 @@ from typing import Any
 import torch
 import torch.multiprocessing  # noqa: F401  (registers tensor sharing with the pickler)
 
+from kbench import inputs as problem
 from kbench import protocol as p
+from kbench.fingerprint import weight_sums
+from kbench.outputs import Unsupported, flatten
 from kbench.worker.kept import HELD_BY_A_PASS, clocked
 from kbench.worker.timing import measure, rotation, set_bytes
+
+_MODELS_KEPT = 2  # instances kept at once (cases of other sizes or dtypes build their own)
 
 
 class Worker:
     def __init__(self) -> None:
-        self.model: Any = None
+        self.cls: Any = None
+        self.eval_mode = False
+        self.compile = False
+        self.models: dict[str, Any] = {}  # repr(ModelSpec) -> instance, oldest first
         self.reference: Any = None
         self.device = torch.device("cpu")
         self.last_output: Any = None  # held for the parent until the next request
         self.kept: dict[int, tuple[Any, float | None, int]] = {}  # call -> output, norm, seed
         self.prepared: list[tuple[list, int] | None] = []  # sets for ``clocked``, with seeds
-        self.pass_plan = p.Prepare(params={}, dtype="float32", calls=0)
+        self.pass_plan: p.Prepare | None = None
 
     def answer(self, request: p.Request) -> p.Answer:
         handler = {p.Load: self.load, p.Run: self.run, p.Time: self.time,
@@ -58,57 +64,91 @@ class Worker:
 
     def load(self, r: p.Load) -> p.Answer:
         self.device = torch.device(r.device)
-        self.reference = importlib.import_module(r.reference)
-        spec = importlib.util.spec_from_file_location(r.module_name, r.path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[r.module_name] = module
+        self.eval_mode, self.compile = r.eval_mode, r.compile
         try:
-            spec.loader.exec_module(module)
-        except BaseException as exc:  # SystemExit at import is the submission's failure too
-            return _error("import", exc)
-        cls = getattr(module, r.class_name, None)
-        if not isinstance(cls, type):
+            self.reference = problem.load_file(r.reference, "kbench_reference")
+        except BaseException as exc:
+            return _error("reference", exc)
+        if r.path == r.reference:  # the reference itself: one module, one set of sizes
+            module = self.reference
+        else:
+            try:
+                module = problem.load_file(r.path, r.module_name)
+            except BaseException as exc:  # SystemExit at import is the submission's failure too
+                return _error("import", exc)
+        self.cls = getattr(module, r.class_name, None)
+        if not isinstance(self.cls, type):
             return p.Failed(p.WorkerError("import", "kbench.MissingClass",
                                           f"defines no class {r.class_name}"))
-        if r.instantiate:
-            try:
-                self.model = cls(*r.init_args).to(self.device)
-                self.model.eval()
-                if r.compile:  # compiles lazily, on the first call of each new shape
-                    self.model = torch.compile(self.model)
-            except BaseException as exc:
-                return _error("init", exc)
-        return p.Loaded()
+        if r.model is None:
+            return p.Loaded()
+        try:
+            model = self._model(r.model)
+            weights = [p.WeightPrint(name, list(t.shape), str(t.dtype).removeprefix("torch."),
+                                     weight_sums(t))
+                       for name, t in getattr(model, "_orig_mod", model).state_dict().items()
+                       if isinstance(t, torch.Tensor)]
+        except BaseException as exc:
+            return _error("init", exc)
+        return p.Loaded(weights)
+
+    def _model(self, spec: p.ModelSpec) -> Any:
+        """The instance ``spec`` names, built under its seed if it is not one of the latest
+        (kbench.inputs.build); torch.compile'd for a compile baseline."""
+        key = repr(spec)
+        if key in self.models:
+            return self.models[key]
+        while len(self.models) >= _MODELS_KEPT:
+            del self.models[next(iter(self.models))]
+        model = problem.build(self.cls, spec.init_args, spec.seed, self.device, spec.dtype,
+                              self.eval_mode)
+        if self.compile:  # compiles lazily, on the first call of each new shape
+            model = torch.compile(model)
+        self.models[key] = model
+        return model
 
     def run(self, r: p.Run) -> p.Answer:
         self.last_output = None
         try:
+            model = self._model(r.model)
+        except BaseException as exc:
+            return _error("init", exc)
+        try:
             with torch.no_grad():
-                out = self.model(*r.inputs)
+                out = model(*r.inputs)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()
-                if type(out) is not torch.Tensor:
-                    return p.NotATensor(f"{type(out).__module__}.{type(out).__qualname__}")
-                out = _detach(out)  # a tensor that requires grad cannot cross the channel
-                returned = _clone(out)
+                try:
+                    leaves, structure = flatten(out)
+                except Unsupported as exc:
+                    return p.Unsupported(str(exc))
+                # a tensor that requires grad cannot cross the channel
+                leaves = [_detach(v) if type(v) is torch.Tensor else v for v in leaves]
+                returned = [_clone(v) if type(v) is torch.Tensor else v for v in leaves]
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()
         except BaseException as exc:
             return _error("run", exc)
-        self.last_output = (out, returned)
-        aliases = any(isinstance(t, torch.Tensor) and _same_memory(out, t) for t in r.inputs)
-        return p.Ran(output=out, returned=returned, aliases_input=aliases)
+        self.last_output = (leaves, returned)
+        aliases = any(type(v) is torch.Tensor and isinstance(t, torch.Tensor)
+                      and _same_memory(v, t) for v in leaves for t in r.inputs)
+        return p.Ran(outputs=leaves, returned=returned, structure=structure,
+                     aliases_input=aliases)
 
     def time(self, r: p.Time) -> p.Answer:
         """Samples for one benchmark case, each call on a set drawn from a fresh secret seed."""
         seeds: dict[int, int] = {}
 
         def inputs(i: int) -> list:
-            args, seeds[i] = self._fresh_set(r.params, r.dtype)
+            args, seeds[i] = self._fresh_set(r)
             return args
 
+        try:
+            model = self._model(r.model)
+        except BaseException as exc:
+            return _error("init", exc)
         with torch.no_grad():
-            answer, kept = self._measure(lambda args: self.model(*args), inputs, r.timing,
+            answer, kept = self._measure(lambda args: model(*args), inputs, r.timing,
                                          "benchmark")
         if r.keep:
             self.kept = {i: (out, norm, seeds[i]) for i, (out, norm) in kept.items()}
@@ -127,14 +167,14 @@ class Worker:
         self.prepared, self.kept = [], {}
         self.pass_plan = r
         try:
+            model = self._model(r.model)
             with torch.no_grad():
-                spare = self._fresh_set(r.params, r.dtype)[0]
-                held = [self.model(*spare) for _ in range(HELD_BY_A_PASS)]
+                spare = self._fresh_set(r)[0]
+                held = [model(*spare) for _ in range(HELD_BY_A_PASS)]
                 del spare, held
-            self.prepared.append(self._fresh_set(r.params, r.dtype))
+            self.prepared.append(self._fresh_set(r))
             count = rotation(set_bytes(self.prepared[0][0]), self.device)
-            self.prepared += [self._fresh_set(r.params, r.dtype)
-                              for _ in range(min(r.calls, count) - 1)]
+            self.prepared += [self._fresh_set(r) for _ in range(min(r.calls, count) - 1)]
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
         except BaseException as exc:
@@ -147,17 +187,24 @@ class Worker:
         new secret seed whenever its turn comes round again, so no call sees an input twice;
         ``empty``: the same loop, new values included, with no call."""
         sets, plan = self.prepared, self.pass_plan
+        if plan is None or not sets:
+            return p.Failed(p.WorkerError("benchmark", "kbench.NotPrepared",
+                                          "a clocked pass before its input sets were prepared"))
         seeds: dict[int, int] = {}
 
         def inputs(i: int) -> list:
             slot = i % len(sets)
             if i >= len(sets):
                 sets[slot] = None  # freed first: the new set takes its memory
-                sets[slot] = self._fresh_set(plan.params, plan.dtype)
+                sets[slot] = self._fresh_set(plan)
             seeds[i] = sets[slot][1]
             return sets[slot][0]
 
-        call = (lambda args: None) if r.empty else (lambda args: self.model(*args))
+        try:
+            model = self._model(plan.model)
+        except BaseException as exc:
+            return _error("init", exc)
+        call = (lambda args: None) if r.empty else (lambda args: model(*args))
         try:
             with torch.no_grad():
                 kept = clocked(call, inputs, plan.calls, self.device)
@@ -178,17 +225,21 @@ class Worker:
             if call not in kept:
                 continue
             out, norm, seed = kept[call]
-            kind = type(out)
-            sent.append(p.KeptOutput(call=call, seed=seed,
-                                     output=out if kind is torch.Tensor else None, norm=norm,
-                                     output_type=f"{kind.__module__}.{kind.__qualname__}"))
+            try:
+                leaves, structure = flatten(out)
+                leaves = [_detach(v) if type(v) is torch.Tensor else v for v in leaves]
+            except Unsupported as exc:
+                leaves, structure = None, str(exc)
+            sent.append(p.KeptOutput(call=call, seed=seed, outputs=leaves, structure=structure,
+                                     norm=norm))
         self.last_output = sent
         return p.KeptOutputs(sent)
 
-    def _fresh_set(self, params: dict[str, int], dtype: str) -> tuple[list, int]:
+    def _fresh_set(self, r: p.Time | p.Prepare) -> tuple[list, int]:
         """An input set drawn from a new secret seed, and the seed."""
         seed = secrets.randbits(62)
-        return self.reference.make_inputs(params, dtype, "normal", seed, self.device), seed
+        return problem.draw(self.reference, r.params, r.dtype, r.distribution, seed,
+                            self.device), seed
 
     def copy(self, r: p.Copy) -> p.Answer:
         buffers: list = []

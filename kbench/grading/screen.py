@@ -1,0 +1,199 @@
+"""Screening a problem on the run's device before any submission: its reference must run, be
+deterministic and pass its own check, and no case may be passed by what a lazy kernel
+returns. A problem that fails is a ProblemError (reported once; its submissions get
+task_error); what screening decides is said in the context's notes.
+
+Per case, on the trusted side: the reference in the case's dtype on the case's input, the
+same again (determinism), a float64 copy (the exact values), and three lazy outputs: zeros,
+an input of the output's shape passed through, and a constant equal to the mean of the
+output for another draw of the same sizes (a value a kernel could know without the input).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from kbench.cases import Case
+from kbench.compare import needed_scale
+from kbench.grading.context import Context, Expected, NoExact
+from kbench.outputs import as_tensor
+from kbench.results import params_text
+
+# A case a lazy output passes is tightened so that it fails by this factor, where the
+# reference's own arithmetic still passes with this margin; otherwise the case is degenerate.
+_LAZY_MARGIN = 2.0
+_OWN_MARGIN = 4.0
+# Where kbench's default tolerance is too tight for the reference's own arithmetic (float32
+# against float64), it is widened to this many times what the reference needs, up to
+# _MAX_WIDEN times (rtol 0.1): beyond that the check would tell little.
+_WIDEN = 2.0
+_MAX_WIDEN = 1000.0
+
+
+class ProblemError(Exception):
+    """The problem itself cannot be graded (the message names the file and the cause)."""
+
+
+def screen(ctx: Context) -> None:
+    """Check the reference on every planned case and adjust the plan (see module doc)."""
+    seen: list[tuple[Case, float, Lazy]] = []  # case, own scale on the tolerance, lazy
+    for case in ctx.cases:
+        try:
+            expected, args, again = _reference(ctx, case)
+        except _Dropped as why:
+            if not seen and case is ctx.cases[0]:
+                sizes = f" ({params_text(case.params)})" if case.params else ""
+                raise ProblemError(f"{ctx.task.path}: the reference fails at the problem's "
+                                   f"own sizes{sizes}: {why}") from None
+            ctx.notes.append(f"{case.describe()} dropped: the reference fails there ({why})")
+            continue
+        tol = ctx.tolerance(case)
+        if needed_scale(again.output, expected.output, expected.output, tol) > 1:
+            raise ProblemError(f"{ctx.task.path}: non-deterministic outputs: the reference "
+                               f"gave two different outputs for one input on "
+                               f"{case.describe()} (random ops such as dropout in training "
+                               "mode? a task YAML can say mode: eval)")
+        own = needed_scale(expected.output, expected.output, expected.exact, tol)
+        seen.append((case, own, _lazy_scale(ctx, case, expected, args)))
+        del again, args, expected
+    widen = _own_check(ctx, max((own for _, own, _ in seen), default=0.0))
+    degenerate: dict[str, list[int]] = {}
+    ctx.cases = [_judged(ctx, case, own / widen, lazy.scale / widen,
+                         degenerate.setdefault(lazy.what, []))
+                 for case, own, lazy in seen]
+    for what, indices in degenerate.items():
+        if indices:
+            ctx.notes.append(_degenerate_note(what, indices, len(ctx.cases)))
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """The lazy output that comes closest to passing a case: the factor on the case's
+    tolerance under which it would pass, and what it is."""
+
+    scale: float
+    what: str
+
+
+def _degenerate_note(what: str, indices: list[int], total: int) -> str:
+    which = "every case" if len(indices) == total else \
+        f"case{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}"
+    return (f"{which} degenerate: {what}, which a lazy kernel could return, passes "
+            f"{'them' if len(indices) > 1 else 'it'} (kept for the sizes; "
+            + ("no case can tell such a kernel from a right one: the problem's inputs "
+               "decide too little)" if len(indices) == total else "other cases decide)"))
+
+
+class _Dropped(Exception):
+    pass
+
+
+def _reference(ctx: Context, case: Case) -> tuple[Expected, list, Expected]:
+    """The reference's outputs on the case's input (exact and in dtype), the input, and the
+    in-dtype output again; _Dropped if the reference raises."""
+    try:
+        args = ctx.draw(case.params, case.dtype, case.distribution, case.seed)
+        try:
+            expected = ctx.expected(case.params, case.dtype, args)
+        except NoExact as exc:
+            ctx.without_float64()
+            ctx.notes.append(f"the reference cannot run in float64 here ({_line(exc.cause)}): "
+                             "exact values come from float32, so tolerances compare with "
+                             "float32")
+            expected = ctx.expected(case.params, case.dtype, args)
+        again = ctx.expected(case.params, case.dtype, args)
+    except Exception as exc:  # the reference's failure at these sizes, whatever it is
+        raise _Dropped(_line(exc)) from None
+    return expected, args, again
+
+
+def _judged(ctx: Context, case: Case, own: float, lazy: float, degenerate: list[int]
+            ) -> Case:
+    """A case a lazy output passes (``lazy`` <= 1 on the tolerance in force) is tightened
+    until that output fails, where the reference's own arithmetic (``own``) keeps a margin;
+    else its index goes to ``degenerate`` and it is kept: other cases decide."""
+    if lazy > 1:
+        return case
+    if lazy <= _LAZY_MARGIN * _OWN_MARGIN * own:
+        degenerate.append(case.index)
+        return case
+    case = replace(case, scale=case.scale * lazy / _LAZY_MARGIN)
+    tol = ctx.tolerance(case)
+    ctx.notes.append(f"{case.describe()}: tolerance tightened to rtol {tol.rtol:.3g}, atol "
+                     f"{tol.atol:.3g} x rms: at the task's, an output a lazy kernel could "
+                     "return (zeros, an input, a constant) passed it")
+    return case
+
+
+def _lazy_scale(ctx: Context, case: Case, expected: Expected, args: list) -> Lazy:
+    """The lazy output closest to passing the case (see Lazy)."""
+    tol = ctx.tolerance(case)
+    outputs = {"zeros": [torch.zeros_like(as_tensor(leaf)) for leaf in expected.output]}
+    inputs = [a for a in args if isinstance(a, torch.Tensor)]
+    passed = [next((a for a in inputs if a.shape == as_tensor(leaf).shape
+                    and a.dtype == as_tensor(leaf).dtype), None) for leaf in expected.output]
+    if any(p is not None for p in passed):
+        outputs["an input passed through"] = [
+            p if p is not None else torch.zeros_like(as_tensor(leaf))
+            for p, leaf in zip(passed, expected.output, strict=True)]
+    try:
+        other_args = ctx.draw(case.params, case.dtype, case.distribution, case.seed ^ 0x5A5A)
+        other = ctx.expected(case.params, case.dtype, other_args).output
+        del other_args
+        outputs["a constant (the mean of another draw's output)"] = [
+            _constant(leaf, mine) for leaf, mine in zip(expected.output, other, strict=True)]
+    except Exception:  # the other draw is a probe only; the case itself ran
+        pass
+    return min((Lazy(needed_scale([_like(o, e) for o, e in zip(out, expected.output,
+                                                                  strict=True)],
+                                  expected.output, expected.exact, tol), what)
+                for what, out in outputs.items()), key=lambda lazy: lazy.scale)
+
+
+def _constant(leaf: object, other: object) -> torch.Tensor:
+    want, seen = as_tensor(leaf), as_tensor(other)
+    if not seen.numel():
+        return torch.zeros_like(want)
+    mean = seen.to(torch.float64).mean()
+    value = mean if want.is_floating_point() else mean.round()
+    return torch.full_like(want, float(value))
+
+
+def _like(lazy: torch.Tensor, leaf: object) -> object:
+    """A lazy output leaf in the reference leaf's kind (a Python number stays a number)."""
+    if type(leaf) is torch.Tensor:
+        return lazy
+    return type(leaf)(lazy.item())
+
+
+def _own_check(ctx: Context, worst: float) -> float:
+    """The reference in the case's dtype must pass against its float64 self: kbench's
+    default tolerance is widened where it is too tight for that (the factor is returned); a
+    task's own tolerance is not, and the problem cannot be graded."""
+    if worst <= 1:
+        return 1.0
+    if not ctx.task.default_tolerance:
+        raise ProblemError(f"{ctx.task.path}: the reference fails its own check: its output "
+                           f"differs from its float64 self {worst:.3g}x beyond the task's "
+                           "tolerance")
+    factor = _WIDEN * worst
+    if factor > _MAX_WIDEN:
+        raise ProblemError(f"{ctx.task.path}: the reference's own output differs from its "
+                           f"float64 self {worst:.3g}x beyond kbench's default tolerance, "
+                           "too far to widen it (random ops? numerically unstable? a task "
+                           "YAML can set mode: eval or a tolerance)")
+    ctx.task = replace(ctx.task, tolerance={d: t.scaled(factor)
+                                            for d, t in ctx.task.tolerance.items()})
+    tol = ctx.task.tolerance[ctx.task.dtypes[0]]
+    ctx.notes.append(f"tolerance widened to rtol {tol.rtol:.3g}, atol {tol.atol:.3g} x rms "
+                     f"({ctx.task.dtypes[0]}): the reference's own result differs from its "
+                     f"float64 self up to {worst:.3g}x kbench's default")
+    return factor
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0][:200] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

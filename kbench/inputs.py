@@ -1,0 +1,185 @@
+"""How a problem's inputs, init inputs and models are made for one case: pure, imported by both
+sides of the boundary (torch and the standard library only).
+
+A KernelBench problem file reads its sizes from module-level integers (``batch_size = 16``)
+in ``get_inputs`` and ``get_init_inputs``. A case re-binds them, recomputes the module-level
+values derived from them (``input_shape = (num_classes,)``), and calls both under the case's
+seed. A task module of kbench's own (``make_inputs``) draws inputs itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.util
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+# The value distribution that means "the problem's own get_inputs".
+PROBLEM = "problem"
+
+_FLOATING = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+             "float64": torch.float64}
+
+
+def load_file(path: str | Path, name: str) -> ModuleType:
+    """Import a Python file as module ``name`` (registered in sys.modules, so that pickling
+    and dataclasses inside it work)."""
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+class _Layout:
+    """A problem module's top-level assignments in source order: which names are sizes
+    (integers that get_inputs or get_init_inputs read, directly or through other top-level
+    values) and which values are derived from them."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self.assigned: list[tuple[str, ast.expr]] = []
+        try:
+            tree = ast.parse(Path(module.__file__).read_text())
+        except (OSError, SyntaxError, TypeError, ValueError):
+            tree = ast.Module(body=[], type_ignores=[])
+        for node in tree.body:
+            target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                else node.target if isinstance(node, ast.AnnAssign) and node.value else None
+            if isinstance(target, ast.Name):
+                self.assigned.append((target.id, node.value))
+        deps = {name: {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+                for name, expr in self.assigned}
+        read: set[str] = set()
+        for fn in ("get_inputs", "get_init_inputs"):
+            code = getattr(getattr(module, fn, None), "__code__", None)
+            if code is not None:
+                read |= _globals_read(code)
+        closure, todo = set(), list(read)
+        while todo:
+            name = todo.pop()
+            if name not in closure:
+                closure.add(name)
+                todo += deps.get(name, ())
+        self.sizes = [name for name, _ in self.assigned
+                      if name in closure and type(getattr(module, name, None)) is int]
+        self.sizes = list(dict.fromkeys(self.sizes))
+        self.deps = deps
+
+
+def _globals_read(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:  # comprehensions and lambdas are code objects of their own
+        if isinstance(const, types.CodeType):
+            names |= _globals_read(const)
+    return names
+
+
+_layouts: dict[int, _Layout] = {}
+
+
+def _layout(module: ModuleType) -> _Layout:
+    key = id(module)
+    if key not in _layouts:
+        _layouts[key] = _Layout(module)
+    return _layouts[key]
+
+
+def size_names(module: ModuleType) -> list[str]:
+    """The module's sizes, in source order: module-level integers read by get_inputs or
+    get_init_inputs (directly or through other module-level values)."""
+    return list(_layout(module).sizes)
+
+
+def bind(module: ModuleType, params: dict[str, int]) -> None:
+    """Set the module's sizes to ``params`` and recompute, in source order, every module-level
+    value derived from a size (a derived value that cannot be recomputed keeps its own)."""
+    layout = _layout(module)
+    changed = set()
+    for name, value in params.items():
+        if name in layout.sizes and getattr(module, name) != value:
+            setattr(module, name, value)
+            changed.add(name)
+    for name, expr in layout.assigned:
+        if name in params or not (layout.deps.get(name, set()) & changed):
+            continue
+        try:
+            value = eval(compile(ast.Expression(expr), module.__file__, "eval"), vars(module))
+        except Exception:  # a value that is not an expression of sizes: leave it
+            continue
+        setattr(module, name, value)
+        changed.add(name)
+
+
+def own_sizes(module: ModuleType) -> dict[str, int]:
+    """The sizes as the file sets them (read before any ``bind``)."""
+    return {name: getattr(module, name) for name in size_names(module)}
+
+
+def draw(module: ModuleType, params: dict[str, int], dtype: str, distribution: str, seed: int,
+         device: str | torch.device = "cpu") -> list:
+    """One case's inputs: the task module's ``make_inputs`` for a named distribution, or, for
+    PROBLEM, the problem's own ``get_inputs`` at these sizes under ``seed``, made on
+    ``device``, with floating-point tensors in ``dtype`` (integer, bool and Python values as
+    they are)."""
+    if distribution != PROBLEM:
+        return list(module.make_inputs(params, dtype, distribution, seed, device))
+    bind(module, params)
+    with seeded(seed, device), torch.device(device):
+        made = module.get_inputs()
+    return [_placed(value, dtype, device) for value in made]
+
+
+@contextlib.contextmanager
+def seeded(seed: int, device: str | torch.device = "cpu") -> Iterator[None]:
+    """Random draws under ``seed``, with the random state around them left as it was: what a
+    model's forward draws (dropout) does not depend on the last input or model made."""
+    devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def _placed(value: Any, dtype: str, device: str | torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            value = value.to(_FLOATING[dtype])
+        return value.to(device)
+    return value
+
+
+def init_inputs(module: ModuleType, params: dict[str, int], seed: int) -> list:
+    """The problem's ``get_init_inputs`` at these sizes, under ``seed``."""
+    bind(module, params)
+    with seeded(seed):
+        return list(module.get_init_inputs())
+
+
+def build(cls: type, init_args: list, seed: int, device: str | torch.device, dtype: str,
+          eval_mode: bool) -> torch.nn.Module:
+    """``cls(*init_args)`` under ``seed`` (so that a model that creates the same parameters in
+    the same order gets the same values, as KernelBench does), on ``device``, its floating
+    parameters and buffers in ``dtype``; in training mode unless ``eval_mode``."""
+    with seeded(seed, device):
+        model = cls(*init_args)
+    model = model.to(device=device, dtype=_FLOATING[dtype])
+    return model.eval() if eval_mode else model
+
+
+def promoted(args: list, dtype: str = "float64") -> list:
+    """Inputs for the exact reference: floating tensors in ``dtype`` (float64 unless an op of
+    the reference has none), the rest untouched."""
+    return [a.to(_FLOATING[dtype]) if isinstance(a, torch.Tensor) and a.is_floating_point()
+            else a for a in args]

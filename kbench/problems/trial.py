@@ -1,0 +1,64 @@
+"""Trying a problem's reference at some sizes without running it: on the meta device, where
+tensors have shapes and dtypes but no data, a shape error still raises and FLOPs are counted
+from shapes alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from kbench import inputs
+from kbench.outputs import Unsupported, flatten, tensors
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+           "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one call of the reference does at some sizes: matrix-unit FLOPs as
+    torch.utils.flop_counter counts them (0 for element-wise work) and the fewest bytes it
+    must move (inputs, parameters and buffers read once, outputs written once)."""
+
+    flops: int
+    bytes: int
+    input_bytes: int
+    output_bytes: int
+
+
+class TrialError(Exception):
+    """The reference does not run at these sizes (the message says why)."""
+
+
+def _nbytes(values: list) -> int:
+    return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
+
+
+def on_meta(module: ModuleType, params: dict[str, int], dtype: str = "float32",
+            eval_mode: bool = False) -> Work:
+    """Build the problem's Model and inputs at ``params`` on the meta device and call it once;
+    TrialError if any step raises (a shape that does not fit, or an op the meta device
+    cannot run: Exception.args says which)."""
+    try:
+        init = inputs.init_inputs(module, params, 0)
+        with torch.device("meta"):
+            model = module.Model(*init)
+            model = model.to(dtype=_DTYPES[dtype])
+            if eval_mode:
+                model.eval()
+            args = inputs.draw(module, params, dtype, inputs.PROBLEM, 0, "meta")
+            with torch.no_grad(), FlopCounterMode(display=False) as counter:
+                out = model(*args)
+        leaves, _ = flatten(out)
+    except Unsupported as exc:
+        raise TrialError(f"returns {exc}") from None
+    except Exception as exc:  # the reference's own failure, whatever it is
+        raise TrialError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+                         if str(exc).strip() else type(exc).__name__) from None
+    state = [t for t in model.state_dict().values() if isinstance(t, torch.Tensor)]
+    ins, outs = _nbytes(args), _nbytes(tensors(leaves))
+    return Work(flops=int(counter.get_total_flops()), bytes=ins + _nbytes(state) + outs,
+                input_bytes=ins, output_bytes=outs)

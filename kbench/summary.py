@@ -1,0 +1,81 @@
+"""A run over many problems in a few numbers: verdict counts, correct rate, fast_p and the
+geometric-mean speedup, per problem set.
+
+A problem counts once whatever its number of samples: it is correct, or fast, where any of
+its submissions is; its speedup is its best submission's (highest lower bound). ``fast_p`` is the
+share of gradable problems with a correct submission more than p times faster than the
+reference, judged on the lower bound of the speedup's 95 % interval: a submission that is
+the reference itself does not count as faster by luck. KernelBench's plain fast_p (on the
+median alone) stands beside it, and the same against torch.compile. Problems that could not
+be graded at all (task_error) are left out of the shares and counted apart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from kbench.results import RunResult, SubmissionResult
+from kbench.stats import geomean
+from kbench.verdict import Status
+
+THRESHOLDS = (0.0, 1.0, 1.5, 2.0)
+
+
+@dataclass
+class Summary:
+    problems: int  # gradable problems (with at least one submission)
+    problem_errors: int
+    submissions: int
+    counts: dict[str, int]  # verdict -> submissions
+    correct: int  # problems with a correct submission
+    fast: dict[float, float] = field(default_factory=dict)  # p -> share, on the lower bound
+    fast_plain: dict[float, float] = field(default_factory=dict)  # KernelBench's: the median
+    fast_compile: dict[float, float] = field(default_factory=dict)  # lower bound, vs compile
+    geomean: float | None = None  # of each problem's best speedup (problems with one)
+
+    @property
+    def correct_rate(self) -> float:
+        return self.correct / self.problems if self.problems else 0.0
+
+
+def best(subs: list[SubmissionResult]) -> SubmissionResult | None:
+    """The problem's best correct submission: highest lower bound of its speedup (a correct
+    one without a speedup ranks last)."""
+    ok = [s for s in subs if s.status is Status.OK]
+    return max(ok, key=lambda s: (_low(s.speedup, s.speedup_ci), s.speedup or 0.0),
+               default=None)
+
+
+def _low(value: float | None, ci: list[float] | None) -> float:
+    if value is None:
+        return -math.inf
+    return ci[0] if ci else value
+
+
+def summarise(run: RunResult) -> Summary:
+    by_problem: dict[str, list[SubmissionResult]] = {}
+    for sub in run.submissions:
+        by_problem.setdefault(sub.problem, []).append(sub)
+    broken = {p.name for p in run.problems if p.error}
+    gradable = {name: subs for name, subs in by_problem.items() if name not in broken}
+    ok = [[s for s in subs if s.status is Status.OK] for subs in gradable.values()]
+    n = len(gradable)
+
+    def share(passes) -> dict[float, float]:
+        return {p: sum(1 for subs in ok if any(passes(s, p) for s in subs)) / n if n else 0.0
+                for p in THRESHOLDS}
+
+    winners = [best(subs) for subs in ok if subs]
+    timed = [w.speedup for w in winners if w.speedup]
+    return Summary(
+        problems=n, problem_errors=len(broken & set(by_problem)),
+        submissions=len(run.submissions),
+        counts=dict(Counter(s.status.value for s in run.submissions)),
+        correct=sum(1 for subs in ok if subs),
+        fast=share(lambda w, p: p == 0 or _low(w.speedup, w.speedup_ci) > p),
+        fast_plain=share(lambda w, p: p == 0 or (w.speedup or 0.0) > p),
+        fast_compile=share(lambda w, p: p == 0 or _low(w.compile_speedup,
+                                                      w.compile_speedup_ci) > p),
+        geomean=geomean(timed) if timed else None)

@@ -1,0 +1,106 @@
+"""KernelBench-format problems end to end on the CPU: any number of inputs of any dtype,
+Python scalars, integer and tuple and scalar outputs, weights on both sides, training mode,
+bad problems reported once, and the bundled problems (a model equal to the reference passes,
+zeros fail)."""
+
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, ROOT, by_name, grade
+
+PROBLEMS = FIXTURES / "problems"
+EXPECTED = {
+    "argmax_rows/honest": ("ok", ""),
+    "argmax_rows/int32": ("wrong_output", "output dtype torch.int32, expected torch.int64"),
+    "argmax_rows/argmin": ("wrong_output", "integer and bool outputs must match exactly"),
+    "batchnorm_train/honest": ("ok", ""),
+    "batchnorm_train/running_stats": ("wrong_output", "values wrong"),
+    "gather_rows/honest": ("ok", ""),
+    "gather_rows/off_by_one": ("wrong_output", "values wrong"),
+    "linear_relu/honest": ("ok", ""),
+    "linear_relu/draws_first": ("wrong_output",
+                                "weights differ from the reference's: fc.weight, fc.bias"),
+    "mean_std/honest": ("ok", ""),
+    "mean_std/swapped": ("wrong_output", "output 0: "),
+    "scaled_add/honest": ("ok", ""),
+    "scaled_add/ignores_alpha": ("wrong_output", "values wrong"),
+    "total/honest": ("ok", ""),
+    "total/zero": ("wrong_output", "values wrong"),
+    "broken_no_model/any": ("task_error", "broken_no_model.py: expected a KernelBench problem "
+                                          "defining Model"),
+    "broken_inputs_raise/any": ("task_error", "RuntimeError: no inputs today"),
+    "broken_random/any": ("task_error", "non-deterministic outputs"),
+}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, cache_dir):
+    out = tmp_path_factory.mktemp("problems") / "reports"
+    code, results = grade([str(FIXTURES / "problem_subs"), "--task", str(PROBLEMS),
+                           "--device", "cpu", "--no-timing", "--jobs", "2", "--seed", "7"],
+                          out, cache_dir)
+    return code, results
+
+
+@pytest.mark.parametrize("name, status, words", [(n, s, w) for n, (s, w) in EXPECTED.items()])
+def test_each_candidate_gets_its_verdict(run, name, status, words):
+    sub = by_name(run[1])[name]
+    assert sub["status"] == status, sub["reason"]
+    assert words in sub["reason"]
+    assert sub["problem"] == name.split("/")[0]
+
+
+def test_a_right_model_is_not_blamed_for_weights(run):
+    # Training-mode BatchNorm updates its running statistics as the reference runs: those
+    # buffers are compared as built, so the wrong candidate's reason is its values alone.
+    assert "weights differ" not in by_name(run[1])["batchnorm_train/running_stats"]["reason"]
+
+
+def test_bad_problems_are_reported_once_and_the_run_goes_on(run):
+    code, results = run
+    assert code == 0
+    errors = {p["name"]: p["error"] for p in results["problems"] if p["error"]}
+    assert set(errors) == {"broken_no_model", "broken_inputs_raise", "broken_random"}
+    assert all(str(PROBLEMS) in e for e in errors.values())
+    assert len(results["submissions"]) == len(EXPECTED)
+
+
+def _with_model_new(problem: Path, body: str) -> str:
+    return problem.read_text() + "\n\n" + body
+
+
+_ZEROS = '''import torch as _torch
+
+
+def _zeros(value):
+    if isinstance(value, _torch.Tensor):
+        return _torch.zeros_like(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_zeros(v) for v in value)
+    return type(value)(0)
+
+
+class ModelNew(Model):
+    """Computes the right answer and returns zeros of its shape."""
+
+    def forward(self, *args):
+        return _zeros(super().forward(*args))
+'''
+
+
+def test_bundled_problems_pass_the_reference_and_fail_zeros(tmp_path, cache_dir):
+    bundled = sorted(p for p in (ROOT / "tasks").glob("*.py"))
+    assert len(bundled) >= 7
+    subs = tmp_path / "subs"
+    for problem in bundled:
+        folder = subs / problem.stem
+        folder.mkdir(parents=True)
+        (folder / "same.py").write_text(_with_model_new(problem, "ModelNew = Model\n"))
+        (folder / "zeros.py").write_text(_with_model_new(problem, _ZEROS))
+    code, results = grade([str(subs), "--device", "cpu", "--no-timing", "--jobs", "2"],
+                          tmp_path / "out", cache_dir)
+    assert code == 0
+    got = {s["name"]: s["status"] for s in results["submissions"]}
+    for problem in bundled:
+        assert got[f"{problem.stem}/same"] == "ok", by_name(results)[f"{problem.stem}/same"]
+        assert got[f"{problem.stem}/zeros"] == "wrong_output"
