@@ -97,7 +97,10 @@ def _parser() -> argparse.ArgumentParser:
     _cache_option(prune)
     prune.set_defaults(handler=_prune)
 
-    listing = sub.add_parser("list", help="show tasks and bundled submissions")
+    listing = sub.add_parser("list", help="show the problems kbench sees and the bundled "
+                             "submissions")
+    listing.add_argument("--task", help="a task, problem file or folder of problems (default: "
+                         "the bundled tasks/)")
     listing.set_defaults(handler=_list)
 
     new = sub.add_parser("new", help="write a load_inline skeleton submission to fill in, "
@@ -284,15 +287,22 @@ def _history(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from kbench.task import available_tasks
+    from kbench.discovery import DiscoveryError, find_problems
+    from kbench.task import TaskError
 
-    print(f"tasks ({paths.tasks_dir()}):")
-    for name in available_tasks():
-        print(f"  {name}")
-    print(f"submissions ({paths.submissions_dir()}):")
-    for path in sorted(paths.submissions_dir().glob("*.py")):
-        doc = _first_doc_line(path)
-        print(f"  {path.stem}" + (f"  - {doc}" if doc else ""))
+    try:
+        _, problems = find_problems(args.task)
+    except (DiscoveryError, TaskError) as exc:
+        return _fail(str(exc))
+    where = paths.tasks_dir() if args.task is None else Path(args.task)
+    print(f"problems in {where} ({len(problems)}):")
+    for problem in problems:
+        print(f"  {problem.name}  ({problem.path.name})")
+    if args.task is None:
+        print(f"submissions ({paths.submissions_dir()}):")
+        for path in sorted(paths.submissions_dir().glob("*.py")):
+            doc = _first_doc_line(path)
+            print(f"  {path.stem}" + (f"  - {doc}" if doc else ""))
     return 0
 
 

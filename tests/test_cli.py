@@ -17,6 +17,14 @@ def test_list_shows_tasks_and_submissions(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
     assert "l2norm" in out and "l2norm_v1" in out and "l2norm_v3" in out
+    assert "  gemm  (gemm.py)" in out and "gemm_torch" in out
+
+
+def test_list_shows_a_folder_of_problems(tmp_path, capsys):
+    (tmp_path / "level1").mkdir()
+    (tmp_path / "level1" / "3_Op.py").write_text("x = 1\n")
+    assert cli.main(["list", "--task", str(tmp_path)]) == 0
+    assert "level1/3_Op  (3_Op.py)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, message", [

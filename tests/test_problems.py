@@ -104,3 +104,20 @@ def test_bundled_problems_pass_the_reference_and_fail_zeros(tmp_path, cache_dir)
     for problem in bundled:
         assert got[f"{problem.stem}/same"] == "ok", by_name(results)[f"{problem.stem}/same"]
         assert got[f"{problem.stem}/zeros"] == "wrong_output"
+
+
+def test_a_problem_too_large_for_host_memory_is_a_problem_error(tmp_path, cache_dir,
+                                                               monkeypatch):
+    from types import SimpleNamespace
+
+    from kbench.grading import screen
+
+    monkeypatch.setattr(screen.psutil, "virtual_memory",
+                        lambda: SimpleNamespace(available=64 << 10))  # 64 KiB free
+    sub = tmp_path / "same.py"
+    sub.write_text(_with_model_new(PROBLEMS / "scaled_add.py", "ModelNew = Model\n"))
+    code, results = grade([str(sub), "--task", str(PROBLEMS / "scaled_add.py"),
+                           "--device", "cpu", "--no-timing"], tmp_path / "out", cache_dir)
+    assert code == 0
+    [only] = results["submissions"]
+    assert only["status"] == "task_error" and "GiB of host memory" in only["reason"]

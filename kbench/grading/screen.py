@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import psutil
 import torch
 
 from kbench.cases import Case
 from kbench.compare import needed_scale
 from kbench.grading.context import Context, Expected, NoExact
 from kbench.outputs import as_tensor
+from kbench.problems.trial import TrialError, on_meta
 from kbench.results import params_text
 
 # A case a lazy output passes is tightened so that it fails by this factor, where the
@@ -30,6 +32,11 @@ _OWN_MARGIN = 4.0
 # _MAX_WIDEN times (rtol 0.1): beyond that the check would tell little.
 _WIDEN = 2.0
 _MAX_WIDEN = 1000.0
+# On a CPU the reference runs in kbench's own process: a case whose tensors (every op's
+# outputs added up, in the case's dtype and again in float64) would take more than this share
+# of the free host memory is not run, so a problem too large for the machine cannot take
+# kbench down with it.
+_HOST_SHARE = 0.6
 
 
 class ProblemError(Exception):
@@ -93,6 +100,7 @@ class _Dropped(Exception):
 def _reference(ctx: Context, case: Case) -> tuple[Expected, list, Expected]:
     """The reference's outputs on the case's input (exact and in dtype), the input, and the
     in-dtype output again; _Dropped if the reference raises."""
+    _fits_in_host_memory(ctx, case)
     try:
         args = ctx.draw(case.params, case.dtype, case.distribution, case.seed)
         try:
@@ -107,6 +115,22 @@ def _reference(ctx: Context, case: Case) -> tuple[Expected, list, Expected]:
     except Exception as exc:  # the reference's failure at these sizes, whatever it is
         raise _Dropped(_line(exc)) from None
     return expected, args, again
+
+
+def _fits_in_host_memory(ctx: Context, case: Case) -> None:
+    """_Dropped where the case's reference runs would not fit in the free host memory (see
+    _HOST_SHARE); checked on the meta device, for problem files on a CPU."""
+    if ctx.device.type != "cpu" or not ctx.task.problem_inputs:
+        return
+    try:
+        work = on_meta(ctx.reference, case.params, case.dtype, ctx.task.mode == "eval")
+    except TrialError:  # the reference's own failure shows when it runs
+        return
+    need = 3 * work.made_bytes  # in the case's dtype, then in float64 (twice the bytes)
+    free = psutil.virtual_memory().available
+    if need > _HOST_SHARE * free:
+        raise _Dropped(f"its reference would need about {need / 2**30:.1f} GiB of host "
+                       f"memory (in {case.dtype} and float64), {free / 2**30:.1f} GiB are free")
 
 
 def _judged(ctx: Context, case: Case, own: float, lazy: float, degenerate: list[int]

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 from kbench import inputs
@@ -27,6 +29,7 @@ class Work:
     bytes: int
     input_bytes: int
     output_bytes: int
+    made_bytes: int = 0  # every op's outputs added up, intermediates included (an upper bound)
 
 
 class TrialError(Exception):
@@ -35,6 +38,19 @@ class TrialError(Exception):
 
 def _nbytes(values: list) -> int:
     return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
+
+
+class _Made(TorchDispatchMode):
+    """Adds up the bytes of every tensor an op returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.bytes += _nbytes(tree_leaves(out))
+        return out
 
 
 def on_meta(module: ModuleType, params: dict[str, int], dtype: str = "float32",
@@ -50,7 +66,7 @@ def on_meta(module: ModuleType, params: dict[str, int], dtype: str = "float32",
             if eval_mode:
                 model.eval()
             args = inputs.draw(module, params, dtype, inputs.PROBLEM, 0, "meta")
-            with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            with torch.no_grad(), FlopCounterMode(display=False) as counter, _Made() as made:
                 out = model(*args)
         leaves, _ = flatten(out)
     except Unsupported as exc:
@@ -61,4 +77,5 @@ def on_meta(module: ModuleType, params: dict[str, int], dtype: str = "float32",
     state = [t for t in model.state_dict().values() if isinstance(t, torch.Tensor)]
     ins, outs = _nbytes(args), _nbytes(tensors(leaves))
     return Work(flops=int(counter.get_total_flops()), bytes=ins + _nbytes(state) + outs,
-                input_bytes=ins, output_bytes=outs)
+                input_bytes=ins, output_bytes=outs,
+                made_bytes=ins + _nbytes(state) + made.bytes)
