@@ -65,11 +65,15 @@ def _speedup(value: float | None, bounds: list[float] | None) -> str:
     return f"{value:.3f}x ({_interval(bounds)})" if value else "-"
 
 
-def _bandwidth(m: Measurement | None, copy_gbps: float | None) -> str:
+def _bandwidth(m: Measurement | None, copy_gbps: float | None, flops: int | None = None
+               ) -> str:
+    """Achieved GB/s (share of the measured copy bandwidth) and, where the work has matrix
+    FLOPs, TFLOP/s."""
     if m is None or m.gbps is None:
         return "-"
     share = f" ({100 * m.gbps / copy_gbps:.0f}% of copy)" if copy_gbps else ""
-    return f"{m.gbps:.0f} GB/s{share}"
+    rate = f", {flops / (m.ms * 1e-3) / 1e12:.3g} TFLOP/s" if flops else ""
+    return f"{m.gbps:.0f} GB/s{share}{rate}"
 
 
 def _clocks(m: Measurement | None) -> str:
@@ -200,7 +204,7 @@ def _reference_table(problem: ProblemRun, copy_gbps: float | None,
     return tabulate([[shape_name(b), b.dtype, _ms(b.reference),
                       _interval(b.reference and b.reference.ci),
                       b.reference.samples if b.reference else 0,
-                      _bandwidth(b.reference, copy_gbps),
+                      _bandwidth(b.reference, copy_gbps, b.flops),
                       f"{_ms(b.reference_start)} / {_ms(b.reference_end)}",
                       _ms(b.compiled), _clocks(b.reference),
                       b.skipped or (f"drifted: {b.drift}" if b.drift else "")]
@@ -220,7 +224,7 @@ def _ranked_table(run: RunResult, subs: list[SubmissionResult], problem: Problem
     rows = []
     for rank, sub in enumerate(ranked, 1):
         cells = {_shape(b): (f"{_speedup(b.speedup, b.speedup_ci)}, {_ms(b.candidate)}, "
-                             f"{_bandwidth(b.candidate, run.copy_gbps)}" if b.speedup
+                             f"{_bandwidth(b.candidate, run.copy_gbps, b.flops)}" if b.speedup
                              else f"skipped: {b.skipped}") for b in sub.benchmarks}
         rows.append([rank, sub.name, _speedup(sub.speedup, sub.speedup_ci),
                      _speedup(sub.compile_speedup, sub.compile_speedup_ci),

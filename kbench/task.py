@@ -14,8 +14,12 @@ import importlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from kbench import inputs, paths
+
+if TYPE_CHECKING:
+    from kbench.problems.trial import Work
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 
@@ -147,11 +151,23 @@ class Task:
         module = self.reference_module()
         if hasattr(module, "min_bytes"):
             return int(module.min_bytes(params, dtype))
+        work = self._work(params, dtype)
+        return work.bytes if work else 0
+
+    def flops(self, params: Params, dtype: str) -> int | None:
+        """Matrix-unit FLOPs of one call, as torch.utils.flop_counter counts them on the
+        meta device; None where they cannot be counted (or the task declares bytes only)."""
+        if hasattr(self.reference_module(), "min_bytes"):
+            return None
+        work = self._work(params, dtype)
+        return work.flops if work else None
+
+    def _work(self, params: Params, dtype: str) -> Work | None:
         from kbench.problems.trial import TrialError, on_meta
         try:
-            return on_meta(module, params, dtype, self.mode == "eval").bytes
+            return on_meta(self.reference_module(), params, dtype, self.mode == "eval")
         except TrialError:
-            return 0
+            return None
 
     def renamed(self, name: str) -> Task:
         return replace(self, name=name)

@@ -121,3 +121,12 @@ def test_a_problem_too_large_for_host_memory_is_a_problem_error(tmp_path, cache_
     assert code == 0
     [only] = results["submissions"]
     assert only["status"] == "task_error" and "GiB of host memory" in only["reason"]
+
+
+def test_work_and_traffic_are_counted_for_a_problem_file():
+    from kbench.task import load_task
+
+    task = load_task(str(ROOT / "tasks" / "gemm.py"))
+    params = {"M": 64, "K": 32, "N": 16}
+    assert task.flops(params, "float32") == 2 * 64 * 32 * 16
+    assert task.min_bytes(params, "float32") == 4 * (64 * 32 + 32 * 16 + 64 * 16)

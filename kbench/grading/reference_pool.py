@@ -149,9 +149,10 @@ class ReferencePool:
         ctx = self.ctx
         table, notes, drifted = [], [], []
         for i, params in enumerate(ctx.benchmarks):
-            bench = Benchmark(params=dict(params), dtype=ctx.task.benchmark_dtype,
-                              skipped=self.skips[i])
             nbytes = ctx.traffic(params)
+            bench = Benchmark(params=dict(params), dtype=ctx.task.benchmark_dtype,
+                              skipped=self.skips[i], nbytes=nbytes,
+                              flops=ctx.task.flops(params, ctx.task.benchmark_dtype))
             if start[i] is None:
                 bench.skipped = bench.skipped or f"the reference failed: {self.main.failure}"
             else:

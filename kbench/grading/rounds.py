@@ -43,7 +43,8 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
     theirs: dict[int, list[Samples | None]] = {}  # and the reference's
     for i, ref in enumerate(reference):
         result.benchmarks.append(Benchmark(params=ref.params, dtype=ref.dtype,
-                                           skipped=ref.skipped))
+                                           skipped=ref.skipped, flops=ref.flops,
+                                           nbytes=ref.nbytes))
         if ref.reference is not None:
             mine[i], theirs[i] = [], []
     fresh = [i for i in mine if reference[i].reference.ms < below]
