@@ -75,3 +75,47 @@ def test_cases_are_named_by_the_task_s_parameters(tmp_path):
     assert task.min_bytes({"batch": 2, "dim": 8}, "float32") == 2 * 2 * 8 * 4
     with pytest.raises(TaskError, match=r"benchmarks.cpu\[0\].rows: expected one of the keys"):
         load_task(str(write(tmp_path, lambda r: r["benchmarks"].update(cpu=[{"rows": 2}]))))
+
+
+_PROBLEM = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x)
+
+
+batch = 16
+dim = 256
+
+
+def get_inputs():
+    return [torch.randn(batch, dim)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_yaml_names_a_problem_file_and_says_what_it_cannot(tmp_path):
+    (tmp_path / "tanh.py").write_text(_PROBLEM)
+    path = tmp_path / "tanh_eval.yaml"
+    path.write_text("reference: tanh.py\nmode: eval\nsizes: {batch: 16, dim: [32, 512]}\n"
+                    "tolerance: {float32: {rtol: 1.0e-3, atol: 1.0e-3}}\n")
+    task = load_task(str(path))
+    assert task.mode == "eval" and task.tolerance["float32"].rtol == 1e-3
+    assert task.parameters == ("batch", "dim")
+    ranges = dict(zip(task.parameters, task.correctness.random_shape, strict=True))
+    assert ranges == {"batch": (16, 16), "dim": (32, 512)}
+    assert task.correctness.fixed_shapes[0] == {"batch": 16, "dim": 256}
+
+
+def test_a_yaml_size_the_problem_lacks_is_refused(tmp_path):
+    (tmp_path / "tanh.py").write_text(_PROBLEM)
+    path = tmp_path / "bad.yaml"
+    path.write_text("reference: tanh.py\nsizes: {width: 4}\n")
+    with pytest.raises(TaskError, match=r"bad.yaml: sizes.width: expected one of the problem's "
+                                        r"sizes \['batch', 'dim'\]"):
+        load_task(str(path))
