@@ -119,3 +119,35 @@ def test_a_yaml_size_the_problem_lacks_is_refused(tmp_path):
     with pytest.raises(TaskError, match=r"bad.yaml: sizes.width: expected one of the problem's "
                                         r"sizes \['batch', 'dim'\]"):
         load_task(str(path))
+
+
+_BROADCAST = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, predictions, targets):
+        return torch.clamp(1 - predictions * targets, min=0).mean()
+
+
+batch_size = 8192
+input_shape = (8192,)
+
+
+def get_inputs():
+    return [torch.rand(batch_size, *input_shape), torch.rand(batch_size)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_size_only_its_own_value_or_one_fits_shrinks_to_one_on_a_cpu(tmp_path):
+    # (batch, 8192) * (batch,) broadcasts only for batch 8192 or 1: 256 MiB per call as
+    # written, too much for a CPU run; at 1 it is 32 KiB.
+    path = tmp_path / "hinge.py"
+    path.write_text(_BROADCAST)
+    task = load_task(str(path))
+    assert task.correctness.fixed_shapes[0] == {"batch_size": 8192}
+    assert task.cpu_correctness.fixed_shapes[0] == {"batch_size": 1}

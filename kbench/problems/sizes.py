@@ -122,7 +122,7 @@ def plan(module: ModuleType, overrides: dict[str, Range | int], eval_mode: bool)
                      "problem is screened)")
     trial = _estimate(own, base) if slow else \
         (lambda params: _runs(module, params, eval_mode))
-    cpu_own, cpu_ranges, heavy = _shrink(trial, own, ranges, base, notes)
+    cpu_own, cpu_ranges, heavy = _shrink(trial, own, ranges, base, notes, fixed)
     return SizePlan(own, ranges, cpu_own, cpu_ranges, checked=not slow, cpu_heavy=heavy,
                     notes=notes)
 
@@ -153,15 +153,19 @@ def _over(work: Work) -> bool:
 
 
 def _shrink(trial, own: dict[str, int], ranges: dict[str, Range], work: Work,
-            notes: list[str]) -> tuple[dict[str, int], dict[str, Range], bool]:
+            notes: list[str], fixed: list[str] = ()
+            ) -> tuple[dict[str, int], dict[str, Range], bool]:
     """While one call is over the CPU bound, halve (to a multiple of its step) the varying
     size furthest above the bottom of its range; a size whose halving breaks the reference,
-    or cuts the work by less than a tenth, stays where it is from then on."""
+    or cuts the work by less than a tenth, stays where it is from then on. Still over, a
+    size the reference allows no other value for is tried at 1 (broadcasting often allows
+    that one), the largest first."""
     sizes = dict(own)
     stuck: set[str] = set()
     while _over(work):
         movable = [n for n in ranges if n not in stuck and sizes[n] > ranges[n].step]
         if not movable:
+            work = _to_one(trial, sizes, fixed, work)
             break
         name = max(movable, key=lambda n: (sizes[n] / ranges[n].lo, sizes[n]))
         step = ranges[name].step
@@ -178,6 +182,18 @@ def _shrink(trial, own: dict[str, int], ranges: dict[str, Range], work: Work,
     cpu_ranges = {n: Range(max(r.step, sizes[n] // 8 // r.step * r.step), sizes[n], r.step)
                   for n, r in ranges.items()}
     return sizes, cpu_ranges, _over(work)
+
+
+def _to_one(trial, sizes: dict[str, int], fixed: list[str], work: Work) -> Work:
+    """``sizes`` with fixed sizes set to 1 where the reference still runs (in place), while
+    one call is over the CPU bound; the work at the sizes kept."""
+    for name in sorted(fixed, key=lambda n: -sizes[n]):
+        if not _over(work):
+            break
+        after = trial({**sizes, name: 1})
+        if after is not None:
+            sizes[name], work = 1, after
+    return work
 
 
 def _cost(work: Work) -> float:
