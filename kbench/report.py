@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from kbench.peaks import peak_tflops
 from kbench.results import (
     Benchmark,
     Measurement,
@@ -65,15 +66,19 @@ def _speedup(value: float | None, bounds: list[float] | None) -> str:
     return f"{value:.3f}x ({_interval(bounds)})" if value else "-"
 
 
-def _bandwidth(m: Measurement | None, copy_gbps: float | None, flops: int | None = None
-               ) -> str:
+def _bandwidth(m: Measurement | None, copy_gbps: float | None, b: Benchmark,
+               device: str) -> str:
     """Achieved GB/s (share of the measured copy bandwidth) and, where the work has matrix
-    FLOPs, TFLOP/s."""
+    FLOPs, TFLOP/s (share of the device's peak for the dtype, where kbench.peaks knows it)."""
     if m is None or m.gbps is None:
         return "-"
     share = f" ({100 * m.gbps / copy_gbps:.0f}% of copy)" if copy_gbps else ""
-    rate = f", {flops / (m.ms * 1e-3) / 1e12:.3g} TFLOP/s" if flops else ""
-    return f"{m.gbps:.0f} GB/s{share}{rate}"
+    if not b.flops:
+        return f"{m.gbps:.0f} GB/s{share}"
+    tflops = b.flops / (m.ms * 1e-3) / 1e12
+    peak = peak_tflops(device, b.dtype)
+    of_peak = f" ({100 * tflops / peak:.0f}% of peak)" if peak else ""
+    return f"{m.gbps:.0f} GB/s{share}, {tflops:.3g} TFLOP/s{of_peak}"
 
 
 def _clocks(m: Measurement | None) -> str:
@@ -120,7 +125,7 @@ def _problem(run: RunResult, problem: ProblemRun, subs: list[SubmissionResult],
     lines += [""] + [f"- note: {note}" for note in problem.notes] if problem.notes else []
     if problem.reference:
         lines += ["", f"{level} Reference", "", _reference_table(problem, run.copy_gbps,
-                                                                 shape_name)]
+                                                                 _device(run), shape_name)]
     lines += ["", f"{level} Ranked", "", _ranked_table(run, subs, problem, shape_name)]
     failed = [s for s in subs if s.status is not Status.OK]
     if failed:
@@ -199,12 +204,16 @@ def _header(run: RunResult, bound: set[str]) -> list[str]:
     return lines
 
 
-def _reference_table(problem: ProblemRun, copy_gbps: float | None,
+def _device(run: RunResult) -> str:
+    return str(run.environment.get("device_name", ""))
+
+
+def _reference_table(problem: ProblemRun, copy_gbps: float | None, device: str,
                      shape_name: Callable[[Benchmark], str]) -> str:
     return tabulate([[shape_name(b), b.dtype, _ms(b.reference),
                       _interval(b.reference and b.reference.ci),
                       b.reference.samples if b.reference else 0,
-                      _bandwidth(b.reference, copy_gbps, b.flops),
+                      _bandwidth(b.reference, copy_gbps, b, device),
                       f"{_ms(b.reference_start)} / {_ms(b.reference_end)}",
                       _ms(b.compiled), _clocks(b.reference),
                       b.skipped or (f"drifted: {b.drift}" if b.drift else "")]
@@ -221,10 +230,10 @@ def _ranked_table(run: RunResult, subs: list[SubmissionResult], problem: Problem
         return "No submission passed every correctness case."
     names = {_shape(b): shape_name(b) for b in problem.reference}
     shapes = list(dict.fromkeys(_shape(b) for s in ranked for b in s.benchmarks))
-    rows = []
+    rows, device = [], _device(run)
     for rank, sub in enumerate(ranked, 1):
         cells = {_shape(b): (f"{_speedup(b.speedup, b.speedup_ci)}, {_ms(b.candidate)}, "
-                             f"{_bandwidth(b.candidate, run.copy_gbps, b.flops)}" if b.speedup
+                             f"{_bandwidth(b.candidate, run.copy_gbps, b, device)}" if b.speedup
                              else f"skipped: {b.skipped}") for b in sub.benchmarks}
         rows.append([rank, sub.name, _speedup(sub.speedup, sub.speedup_ci),
                      _speedup(sub.compile_speedup, sub.compile_speedup_ci),
