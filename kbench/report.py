@@ -145,9 +145,11 @@ def _summary(run: RunResult) -> list[str]:
              + ", ".join(f"{n} {v}" for v, n in sorted(s.counts.items())),
              f"- correct: {s.correct}/{s.problems} problems ({100 * s.correct_rate:.0f}%); "
              "geometric-mean speedup of each problem's best: "
-             + (f"{s.geomean:.3f}x" if s.geomean else "-"), "",
-             "| fast_p (share of problems) | " + share(f"p={p:g}" for p in THRESHOLDS) + " |",
-             "|---|" + "---|" * len(THRESHOLDS)]
+             + (f"{s.geomean:.3f}x" if s.geomean else "-")]
+    if s.geomean is None:
+        return lines + ["- fast_p: no correct submission was timed"]
+    lines += ["", "| fast_p (share of problems) | " + share(f"p={p:g}" for p in THRESHOLDS)
+              + " |", "|---|" + "---|" * len(THRESHOLDS)]
     for label, values in (("vs eager, lower bound of the 95% interval > p", s.fast),
                           ("vs eager, median > p (KernelBench's fast_p)", s.fast_plain),
                           ("vs torch.compile, lower bound > p", s.fast_compile)):
