@@ -272,3 +272,32 @@ def test_reuse_needs_same_kbench_task_and_software(tmp_path):
                                                   problem="l2norm"))
         assert store.reusable(sha, "t1", "0.1.0", fp, "eager") is None
     assert store.graded_names(run_id) == {"l2norm_x", "l2norm_nospeed"}
+
+
+def test_a_store_of_version_2_is_carried_over(tmp_path):
+    import json
+    import sqlite3
+
+    from kbench.results import SubmissionResult
+    from kbench.verdict import Status
+
+    store = Store(tmp_path)
+    run_id = store.start_run(kbench_version="0.2.0", task="l2norm", task_hash="t1", seed=1,
+                             device="cpu", fingerprint="f", options={}, environment={})
+    store.add_result(run_id, SubmissionResult(name="l2norm_x", path="x.py", sha256="abc",
+                                              status=Status.OK, speedup=1.5, problem="l2norm"))
+    store.close()
+    # Back to what kbench 0.2 wrote: no problems table, no problem column, the reference
+    # table in runs.
+    db = sqlite3.connect(tmp_path / "kbench.sqlite3")
+    reference = [{"params": {"batch": 16, "dim": 1024}, "dtype": "float32"}]
+    db.executescript("DROP TABLE problems; ALTER TABLE results DROP COLUMN problem; "
+                     "PRAGMA user_version = 2;")
+    db.execute("UPDATE runs SET reference = ?, copy_gbps = 3000", (json.dumps(reference),))
+    db.commit()
+    db.close()
+    run = Store(tmp_path).load_run(run_id)
+    [problem] = run.problems
+    assert (problem.name, problem.digest, problem.copy_gbps) == ("l2norm", "t1", 3000)
+    assert problem.reference[0].params == {"batch": 16, "dim": 1024}
+    assert [s.problem for s in run.submissions] == ["l2norm"]
