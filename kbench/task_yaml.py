@@ -35,8 +35,9 @@ _MODULE_REQUIRED = {"name", "reference", "semantics", "parameters", "dtypes", "t
 class _Reader:
     """Walks the parsed YAML and raises TaskError naming file and dotted key."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, smallest_size: int = 1) -> None:
         self.path = path
+        self.smallest_size = smallest_size  # 0 for a problem file's sizes (padding = 0)
 
     def fail(self, key: str, expected: str, got: Any = None) -> TaskError:
         got_text = "" if got is None else f", got {got!r}"
@@ -79,12 +80,13 @@ class _Reader:
         """A case's sizes: a list in ``names`` order, or a mapping by name."""
         if isinstance(value, dict):
             self.mapping(value, key, set(names), set(names))
-            return {n: self.number(value[n], f"{key}.{n}", 1, integer=True) for n in names}
+            return {n: self.number(value[n], f"{key}.{n}", self.smallest_size, integer=True)
+                    for n in names}
         if not isinstance(value, list) or (names and not value):
             raise self.fail(key, "a shape: a non-empty list of positive integers", value)
         if len(value) != len(names):
             raise self.fail(key, f"{len(names)} dimensions ({', '.join(names)})", value)
-        return {n: self.number(d, f"{key}[{i}]", 1, integer=True)
+        return {n: self.number(d, f"{key}[{i}]", self.smallest_size, integer=True)
                 for i, (n, d) in enumerate(zip(names, value, strict=True))}
 
     def cases(self, value: Any, key: str, names: tuple[str, ...]) -> tuple[Params, ...]:
@@ -137,9 +139,10 @@ def parse(path: Path) -> Task:
 
 
 def build(raw: dict, path: Path, module: Any, reference: str, known: tuple[str, ...],
-          task_digest: str, **extra: Any) -> Task:
-    """Validate a complete task mapping (YAML, or defaults with a YAML merged over them)."""
-    r = _Reader(path)
+          task_digest: str, smallest_size: int = 1, **extra: Any) -> Task:
+    """Validate a complete task mapping (YAML, or defaults with a YAML merged over them);
+    ``smallest_size``: what a size may be at least."""
+    r = _Reader(path, smallest_size)
     names_raw = raw["parameters"]
     if not isinstance(names_raw, list) or len(set(map(str, names_raw))) != len(names_raw):
         raise r.fail("parameters", "a list of distinct names", names_raw)
@@ -210,8 +213,10 @@ def _correctness(r: _Reader, raw: Any, known: tuple[str, ...],
         key = f"correctness.random_shape[{i}]"
         if not isinstance(pair, list) or len(pair) != 2:
             raise r.fail(key, "a pair [lo, hi]", pair)
-        lo = r.number(pair[0], f"{key}[0]", 1 if parameters else 0, integer=True)
+        lo = r.number(pair[0], f"{key}[0]", r.smallest_size, integer=True)
         hi = r.number(pair[1], f"{key}[1]", lo, integer=True)
+        if lo < 1 and hi > lo:
+            raise r.fail(key, "lo >= 1 where the size varies (it is drawn log-uniformly)", pair)
         ranges.append((lo, hi))
     steps_raw = c.get("steps", [1] * len(parameters))
     if not isinstance(steps_raw, list) or len(steps_raw) != len(parameters):

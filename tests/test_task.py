@@ -151,3 +151,13 @@ def test_a_size_only_its_own_value_or_one_fits_shrinks_to_one_on_a_cpu(tmp_path)
     task = load_task(str(path))
     assert task.correctness.fixed_shapes[0] == {"batch_size": 8192}
     assert task.cpu_correctness.fixed_shapes[0] == {"batch_size": 1}
+
+
+def test_a_problem_size_of_zero_is_a_fixed_size(tmp_path):
+    path = tmp_path / "pad.py"
+    path.write_text(_PROBLEM.replace("dim = 256", "dim = 256\npadding = 0").replace(
+        "torch.randn(batch, dim)", "torch.randn(batch, dim + padding)"))
+    task = load_task(str(path))
+    assert task.correctness.fixed_shapes[0]["padding"] == 0
+    ranges = dict(zip(task.parameters, task.correctness.random_shape, strict=True))
+    assert ranges["padding"] == (0, 0)
