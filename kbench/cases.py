@@ -82,9 +82,10 @@ def _random_shape(rng: random.Random, ranges: tuple[tuple[int, int], ...],
                   steps: tuple[int, ...], max_elements: int) -> tuple[int, ...]:
     dims = [max(lo, _log_uniform_int(rng, lo, hi) // step * step) if lo < hi else lo
             for (lo, hi), step in zip(ranges, steps, strict=True)]
-    for i in range(len(dims)):  # shrink leading dimensions first to respect the size bound
-        rest = math.prod(dims[:i] + dims[i + 1:])
-        dims[i] = max(1, min(dims[i], max_elements // max(rest, 1)))
+    for i, (lo, hi) in enumerate(ranges):  # shrink leading varying sizes first to the bound
+        if lo < hi:
+            rest = math.prod(dims[:i] + dims[i + 1:])
+            dims[i] = max(lo, min(dims[i], max_elements // max(rest, 1)))
     return tuple(dims)
 
 

@@ -35,9 +35,11 @@ _MODULE_REQUIRED = {"name", "reference", "semantics", "parameters", "dtypes", "t
 class _Reader:
     """Walks the parsed YAML and raises TaskError naming file and dotted key."""
 
-    def __init__(self, path: Path, smallest_size: int = 1) -> None:
+    def __init__(self, path: Path, smallest_size: float = 1) -> None:
         self.path = path
-        self.smallest_size = smallest_size  # 0 for a problem file's sizes (padding = 0)
+        # -inf for a problem file's sizes: any module-level integer (padding = 0,
+        # hardtanh_min = -1) that get_inputs or get_init_inputs reads
+        self.smallest_size = smallest_size
 
     def fail(self, key: str, expected: str, got: Any = None) -> TaskError:
         got_text = "" if got is None else f", got {got!r}"
@@ -139,7 +141,7 @@ def parse(path: Path) -> Task:
 
 
 def build(raw: dict, path: Path, module: Any, reference: str, known: tuple[str, ...],
-          task_digest: str, smallest_size: int = 1, **extra: Any) -> Task:
+          task_digest: str, smallest_size: float = 1, **extra: Any) -> Task:
     """Validate a complete task mapping (YAML, or defaults with a YAML merged over them);
     ``smallest_size``: what a size may be at least."""
     r = _Reader(path, smallest_size)

@@ -153,11 +153,22 @@ def test_a_size_only_its_own_value_or_one_fits_shrinks_to_one_on_a_cpu(tmp_path)
     assert task.cpu_correctness.fixed_shapes[0] == {"batch_size": 1}
 
 
-def test_a_problem_size_of_zero_is_a_fixed_size(tmp_path):
+def test_a_problem_size_of_zero_or_below_is_a_fixed_size(tmp_path):
     path = tmp_path / "pad.py"
-    path.write_text(_PROBLEM.replace("dim = 256", "dim = 256\npadding = 0").replace(
-        "torch.randn(batch, dim)", "torch.randn(batch, dim + padding)"))
+    path.write_text(_PROBLEM.replace("dim = 256", "dim = 256\npadding = 0\nlow = -1").replace(
+        "torch.randn(batch, dim)", "torch.randn(batch, dim + padding).clamp_min(low)"))
     task = load_task(str(path))
     assert task.correctness.fixed_shapes[0]["padding"] == 0
     ranges = dict(zip(task.parameters, task.correctness.random_shape, strict=True))
-    assert ranges["padding"] == (0, 0)
+    assert ranges["padding"] == (0, 0) and ranges["low"] == (-1, -1)
+
+
+def test_random_cases_keep_fixed_sizes_as_they_are(tmp_path):
+    from kbench.cases import plan_cases
+
+    path = tmp_path / "pad.py"
+    path.write_text(_PROBLEM.replace("dim = 256", "dim = 256\npadding = 0\nlow = -1").replace(
+        "torch.randn(batch, dim)", "torch.randn(batch, dim + padding).clamp_min(low)"))
+    cases = plan_cases(load_task(str(path)), run_seed=3, device="cpu")
+    assert len(cases) > 1
+    assert all(c.params["padding"] == 0 and c.params["low"] == -1 for c in cases)

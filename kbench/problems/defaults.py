@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ def from_problem(file: Path, raw: dict | None = None, yaml_path: Path | None = N
     cpu = None if "correctness" in raw else _spec(_correctness(plan, "cpu", names), names,
                                                   RANDOM_CASES_HEAVY if plan.cpu_heavy else None)
     return build(merged, where, module, str(file.resolve()), (inputs.PROBLEM,),
-                 digest(*files), smallest_size=0, default_tolerance="tolerance" not in raw,
+                 digest(*files), smallest_size=-math.inf, default_tolerance="tolerance" not in raw,
                  cpu_correctness=cpu, checked_sizes=plan.checked, notes=tuple(plan.notes))
 
 
@@ -115,7 +116,7 @@ def _size_overrides(r: Any, raw: Any, known: list[str]) -> dict[str, sizes.Range
             lo = r.number(value[0], f"{key}[0]", 1, integer=True)
             out[name] = sizes.Range(lo, r.number(value[1], f"{key}[1]", lo, integer=True))
         else:
-            out[name] = r.number(value, key, 0, integer=True)
+            out[name] = r.number(value, key, -math.inf, integer=True)
     return out
 
 
