@@ -178,3 +178,22 @@ def test_a_reference_larger_than_the_machine_fails_an_allocation_not_kbench(tmp_
     assert code == 0
     [only] = results["submissions"]
     assert only["status"] == "task_error" and "can't allocate memory" in only["reason"]
+
+
+def test_cases_where_the_reference_is_rounding_noise_are_dropped_not_the_problem():
+    from types import SimpleNamespace
+
+    from kbench.cases import Case
+    from kbench.grading.screen import Lazy, _without_noise
+
+    def entry(index: int, own: float):
+        case = Case(index=index, params={"n": index + 1}, dtype="float32",
+                    distribution="problem", seed=index)
+        return case, own, Lazy(2.0, "zeros")
+
+    ctx = SimpleNamespace(task=SimpleNamespace(default_tolerance=True), notes=[])
+    kept = _without_noise(ctx, [entry(0, 0.3), entry(1, 1e12), entry(2, 0.5)])
+    assert [case.index for case, _, _ in kept] == [0, 2]
+    assert "case 1 dropped" in ctx.notes[0] and "rounding noise" in ctx.notes[0]
+    everything = [entry(0, 1e12), entry(1, 1e9)]  # nothing left: the problem is refused later
+    assert _without_noise(ctx, everything) == everything
