@@ -112,8 +112,9 @@ def test_a_problem_too_large_for_host_memory_is_a_problem_error(tmp_path, cache_
 
     from kbench.grading import screen
 
-    monkeypatch.setattr(screen.psutil, "virtual_memory",
-                        lambda: SimpleNamespace(available=64 << 10))  # 64 KiB free
+    total = screen.psutil.virtual_memory().total
+    monkeypatch.setattr(screen.psutil, "virtual_memory",  # 64 KiB free
+                        lambda: SimpleNamespace(available=64 << 10, total=total))
     sub = tmp_path / "same.py"
     sub.write_text(_with_model_new(PROBLEMS / "scaled_add.py", "ModelNew = Model\n"))
     code, results = grade([str(sub), "--task", str(PROBLEMS / "scaled_add.py"),
