@@ -214,16 +214,17 @@ def _own_check(ctx: Context, worst: float) -> float:
     task's own tolerance is not, and the problem cannot be graded."""
     if worst <= 1:
         return 1.0
+    beyond = "beyond any tolerance (values where its float64 self is exactly 0, or not " \
+        "finite)" if worst == float("inf") else f"{worst:.3g}x beyond"
     if not ctx.task.default_tolerance:
         raise ProblemError(f"{ctx.task.path}: the reference fails its own check: its output "
-                           f"differs from its float64 self {worst:.3g}x beyond the task's "
-                           "tolerance")
+                           f"differs from its float64 self {beyond} the task's tolerance")
     factor = _WIDEN * worst
     if factor > _MAX_WIDEN:
         raise ProblemError(f"{ctx.task.path}: the reference's own output differs from its "
-                           f"float64 self {worst:.3g}x beyond kbench's default tolerance, "
-                           "too far to widen it (random ops? numerically unstable? a task "
-                           "YAML can set mode: eval or a tolerance)")
+                           f"float64 self {beyond} kbench's default tolerance, too far to "
+                           "widen it (random ops? an output of rounding noise? a task YAML "
+                           "can set mode: eval or a tolerance)")
     ctx.task = replace(ctx.task, tolerance={d: t.scaled(factor)
                                             for d, t in ctx.task.tolerance.items()})
     tol = ctx.task.tolerance[ctx.task.dtypes[0]]
