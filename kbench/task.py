@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -111,7 +111,6 @@ class Task:
     cpu_correctness: Correctness | None = None  # shrunk for a CPU run; None: as on CUDA
     checked_sizes: bool = False  # random sizes are tried on the meta device before use
     notes: tuple[str, ...] = ()  # what kbench decided about the problem's sizes
-    extras: dict = field(default_factory=dict)
 
     @property
     def reference_path(self) -> Path:
