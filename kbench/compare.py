@@ -11,6 +11,9 @@ import torch
 from kbench.outputs import as_tensor
 from kbench.task import Tolerance
 
+# Elements compared at a time in large outputs (each float64 temporary is 128 MiB).
+_CHUNK = 1 << 24
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -55,11 +58,13 @@ def _values(mine: torch.Tensor, want: torch.Tensor, best: torch.Tensor,
         return Comparison(False, f"{int(bad.sum())} of {bad.numel()} values wrong (first at "
                           f"{first}: got {got}, expected {expected}; integer and bool outputs "
                           "must match exactly)")
+    if best.numel() > _CHUNK:  # float64 copies of the whole would be several times its size
+        return _chunked(mine, best, tol, _CHUNK)
     return compare_values(mine.detach().to(torch.float64), best.to(torch.float64), tol)
 
 
 def compare_in_chunks(out: list, structure: str, expected: list, expected_structure: str,
-                      tol: Tolerance, chunk: int = 1 << 24) -> Comparison:
+                      tol: Tolerance, chunk: int = _CHUNK) -> Comparison:
     """``compare`` against ``expected`` alone (the reference in the output's dtype), a chunk
     of elements at a time: for outputs too large to hold in float64 twice over, such as a
     timed call's. The rms scale is each whole reference leaf's."""
@@ -80,17 +85,22 @@ def compare_in_chunks(out: list, structure: str, expected: list, expected_struct
 
 def _chunked(mine: torch.Tensor, want: torch.Tensor, tol: Tolerance, chunk: int) -> Comparison:
     got, ref = mine.detach().reshape(-1), want.reshape(-1)
-    squares, count = 0.0, 0
-    for part in ref.split(chunk):
-        finite = part[torch.isfinite(part)].to(torch.float64)
-        squares, count = squares + float(finite.pow(2).sum()), count + finite.numel()
-    scale = math.sqrt(squares / count) if count else 0.0
+    scale = _finite_rms(ref, chunk)
     for start, (a, b) in enumerate(zip(got.split(chunk), ref.split(chunk), strict=True)):
         outcome = compare_values(a.to(torch.float64), b.to(torch.float64), tol, scale)
         if not outcome.ok:
             return Comparison(False, f"from flat element {start * chunk}: {outcome.reason}",
                               outcome.max_abs_err, outcome.max_rel_err)
     return Comparison(True)
+
+
+def _finite_rms(ref: torch.Tensor, chunk: int) -> float:
+    """The rms of a flat tensor's finite values, a chunk at a time."""
+    squares, count = 0.0, 0
+    for part in ref.split(chunk):
+        finite = part[torch.isfinite(part)].to(torch.float64)
+        squares, count = squares + float(finite.pow(2).sum()), count + finite.numel()
+    return math.sqrt(squares / count) if count else 0.0
 
 
 def _structure(got: str, want: str) -> str | None:
@@ -181,16 +191,24 @@ def needed_scale(out: list, expected: list, exact: list, tol: Tolerance) -> floa
             if not torch.equal(mine, want):
                 return math.inf
             continue
-        got, ref = mine.to(torch.float64), best.to(torch.float64)
-        finite = torch.isfinite(ref)
-        if bool((finite & ~torch.isfinite(got)).any()) or not bool(
-                ((got == ref) | (torch.isnan(got) & torch.isnan(ref)) | finite).all()):
-            return math.inf
-        err = (got - ref).abs()[finite]
-        if not err.numel() or float(err.max()) == 0:
-            continue
-        allowed = tol.atol * _rms(ref[finite]) + tol.rtol * ref[finite].abs()
-        ratio = torch.where(allowed > 0, err / allowed.clamp_min(1e-300),
-                            torch.where(err > 0, math.inf, 0.0))
-        worst = max(worst, float(ratio.max()))
+        got, ref = mine.detach().reshape(-1), best.reshape(-1)
+        rms = _finite_rms(ref, _CHUNK)
+        for a, b in zip(got.split(_CHUNK), ref.split(_CHUNK), strict=True):
+            worst = max(worst, _scale_needed(a.to(torch.float64), b.to(torch.float64), tol, rms))
+            if worst == math.inf:
+                return worst
     return worst
+
+
+def _scale_needed(got: torch.Tensor, ref: torch.Tensor, tol: Tolerance, rms: float) -> float:
+    finite = torch.isfinite(ref)
+    if bool((finite & ~torch.isfinite(got)).any()) or not bool(
+            ((got == ref) | (torch.isnan(got) & torch.isnan(ref)) | finite).all()):
+        return math.inf
+    err = (got - ref).abs()[finite]
+    if not err.numel() or float(err.max()) == 0:
+        return 0.0
+    allowed = tol.atol * rms + tol.rtol * ref[finite].abs()
+    ratio = torch.where(allowed > 0, err / allowed.clamp_min(1e-300),
+                        torch.where(err > 0, math.inf, 0.0))
+    return float(ratio.max())

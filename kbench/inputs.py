@@ -73,10 +73,45 @@ class _Layout:
             if name not in closure:
                 closure.add(name)
                 todo += deps.get(name, ())
-        self.sizes = [name for name, _ in self.assigned
-                      if name in closure and type(getattr(module, name, None)) is int]
+        self.sizes: list[str] = []
+        for name, _ in self.assigned:
+            value = getattr(module, name, None)
+            if name not in closure:
+                continue
+            if type(value) is int:
+                self.sizes.append(name)
+            elif type(value) in (list, tuple) and value and not deps[name] \
+                    and all(type(v) is int for v in value):
+                # a list of widths (``layer_sizes = [400, 800]``): each element is a size
+                self.sizes += [f"{name}[{i}]" for i in range(len(value))]
         self.sizes = list(dict.fromkeys(self.sizes))
         self.deps = deps
+
+
+def _split(size: str) -> tuple[str, int | None]:
+    """``layers[2]`` -> ("layers", 2); ``batch_size`` -> ("batch_size", None)."""
+    if size.endswith("]") and "[" in size:
+        base, index = size[:-1].split("[", 1)
+        return base, int(index)
+    return size, None
+
+
+def _get(module: ModuleType, size: str) -> int:
+    base, index = _split(size)
+    value = getattr(module, base)
+    return value if index is None else value[index]
+
+
+def _set(module: ModuleType, size: str, value: int) -> str:
+    """Set one size; returns the module-level name that changed. A list is replaced, never
+    changed in place: a model built earlier may hold the old one."""
+    base, index = _split(size)
+    if index is not None:
+        items = list(getattr(module, base))
+        items[index] = value
+        value = type(getattr(module, base))(items)
+    setattr(module, base, value)
+    return base
 
 
 def _globals_read(code: types.CodeType) -> set[str]:
@@ -99,7 +134,8 @@ def _layout(module: ModuleType) -> _Layout:
 
 def size_names(module: ModuleType) -> list[str]:
     """The module's sizes, in source order: module-level integers read by get_inputs or
-    get_init_inputs (directly or through other module-level values)."""
+    get_init_inputs (directly or through other module-level values), and the elements of
+    such a list of integer literals, named ``layers[0]``."""
     return list(_layout(module).sizes)
 
 
@@ -109,11 +145,11 @@ def bind(module: ModuleType, params: dict[str, int]) -> None:
     layout = _layout(module)
     changed = set()
     for name, value in params.items():
-        if name in layout.sizes and getattr(module, name) != value:
-            setattr(module, name, value)
-            changed.add(name)
+        if name in layout.sizes and _get(module, name) != value:
+            changed.add(_set(module, name, value))
+    given = {_split(name)[0] for name in params}
     for name, expr in layout.assigned:
-        if name in params or not (layout.deps.get(name, set()) & changed):
+        if name in given or not (layout.deps.get(name, set()) & changed):
             continue
         try:
             value = eval(compile(ast.Expression(expr), module.__file__, "eval"), vars(module))
@@ -123,9 +159,27 @@ def bind(module: ModuleType, params: dict[str, int]) -> None:
         changed.add(name)
 
 
+def mirror(module: ModuleType, params: dict[str, int]) -> None:
+    """Bind a submission's copies of the problem's sizes: one that reads its own module-level
+    ``batch_size`` as the reference reads the problem's (``torch.randn(batch_size, h)`` in
+    ``__init__``) sees the case's value, not the file's. Sizes it does not define are left."""
+    bind(module, params)
+    own = set(size_names(module))
+    for name, value in params.items():
+        base, index = _split(name)
+        current = getattr(module, base, None)
+        if index is None:
+            fits = type(current) is int
+        else:
+            fits = type(current) in (list, tuple) and index < len(current) \
+                and type(current[index]) is int
+        if fits and name not in own:
+            _set(module, name, value)
+
+
 def own_sizes(module: ModuleType) -> dict[str, int]:
     """The sizes as the file sets them (read before any ``bind``)."""
-    return {name: getattr(module, name) for name in size_names(module)}
+    return {name: _get(module, name) for name in size_names(module)}
 
 
 def draw(module: ModuleType, params: dict[str, int], dtype: str, distribution: str, seed: int,

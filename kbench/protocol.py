@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 import torch
 
-VERSION = 3
+VERSION = 4
 
 
 class ProtocolError(ValueError):
@@ -54,12 +54,13 @@ Leaf = torch.Tensor | bool | int | float
 @dataclass(frozen=True)
 class ModelSpec:
     """Which model instance a request runs: ``Class(*init_args)`` built under ``seed`` with
-    its floating parameters in ``dtype`` (kbench.inputs.build); the worker keeps the latest
-    few."""
+    its floating parameters in ``dtype`` (kbench.inputs.build), with the modules' sizes bound
+    to ``params`` (a model may read them); the worker keeps the latest few."""
 
     init_args: list[Any]
     dtype: str
     seed: int
+    params: dict[str, int]
 
 
 @dataclass(frozen=True)

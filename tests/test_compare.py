@@ -96,3 +96,21 @@ def test_needed_scale_says_how_far_an_output_is():
     assert 1 < needed_scale([off], [ref], [ref], FP32) < 10
     assert needed_scale([torch.zeros(3, dtype=torch.float64)], [ref], [ref], FP32) > 1000
     assert needed_scale([torch.ones(2)], [ref], [ref], FP32) == math.inf
+
+
+def test_large_outputs_are_judged_a_chunk_at_a_time_with_the_same_result(monkeypatch):
+    # float64 copies of a whole large output do not fit beside it on a GPU: chunks must not
+    # change what passes, what fails, or how far an output is from passing.
+    (x,) = l2norm.make_inputs((8, 1000), "float32", "normal", seed=3)
+    out, exact = reference(x)
+    off = out.clone()
+    off[5, 7] += 1e-3
+    off[2, 2] = float("nan")
+    cases = [(out, out), (off, out), (out * (1 + 3e-6), out)]
+    whole = [(needed_scale([o], [e], [exact], FP32), compare(o, e, exact, FP32).ok)
+             for o, e in cases]
+    monkeypatch.setattr(judge, "_CHUNK", 777)  # not a divisor: a short last chunk
+    chunked = [(needed_scale([o], [e], [exact], FP32), compare(o, e, exact, FP32).ok)
+               for o, e in cases]
+    assert chunked == whole
+    assert [ok for _, ok in whole] == [True, False, True] and whole[1][0] == math.inf

@@ -18,9 +18,9 @@ def samples_wire(n: int = 3) -> dict:
 
 @pytest.mark.parametrize("message", [
     p.Load(path="/x.py", module_name="m", class_name="ModelNew", device="cpu",
-           reference="/ref.py", model=p.ModelSpec([1, 2.0, (3, 3)], "float32", 5)),
+           reference="/ref.py", model=p.ModelSpec([1, 2.0, (3, 3)], "float32", 5, {"batch": 2})),
     p.Time(params={"batch": 2, "dim": 3}, dtype="float32", distribution="problem",
-           model=p.ModelSpec([], "float16", 1), keep=True,
+           model=p.ModelSpec([], "float16", 1, {"layers[0]": 3}), keep=True,
            timing=p.TimingSettings(5.0, 3, 10, 20.0, 0.01, "eager")),
     p.Outputs([3, 1]),
     p.Release(),

@@ -149,8 +149,8 @@ def test_a_size_only_its_own_value_or_one_fits_shrinks_to_one_on_a_cpu(tmp_path)
     path = tmp_path / "hinge.py"
     path.write_text(_BROADCAST)
     task = load_task(str(path))
-    assert task.correctness.fixed_shapes[0] == {"batch_size": 8192}
-    assert task.cpu_correctness.fixed_shapes[0] == {"batch_size": 1}
+    assert task.correctness.fixed_shapes[0] == {"batch_size": 8192, "input_shape[0]": 8192}
+    assert task.cpu_correctness.fixed_shapes[0]["batch_size"] == 1
 
 
 def test_a_problem_size_of_zero_or_below_is_a_fixed_size(tmp_path):
@@ -172,3 +172,44 @@ def test_random_cases_keep_fixed_sizes_as_they_are(tmp_path):
     cases = plan_cases(load_task(str(path)), run_seed=3, device="cpu")
     assert len(cases) > 1
     assert all(c.params["padding"] == 0 and c.params["low"] == -1 for c in cases)
+
+
+_WIDTHS = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, widths):
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(a, b) for a, b in zip(widths, widths[1:])])
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+batch_size = 64
+widths = [4096, 8192, 4096]
+
+
+def get_inputs():
+    return [torch.rand(batch_size, widths[0])]
+
+
+def get_init_inputs():
+    return [widths]
+'''
+
+
+def test_each_width_in_a_list_of_sizes_varies_and_shrinks_on_a_cpu(tmp_path):
+    from kbench.cases import plan_cases
+
+    path = tmp_path / "mlp.py"
+    path.write_text(_WIDTHS)
+    task = load_task(str(path))
+    assert task.parameters == ("batch_size", "widths[0]", "widths[1]", "widths[2]")
+    assert task.correctness.fixed_shapes[0] == {"batch_size": 64, "widths[0]": 4096,
+                                                 "widths[1]": 8192, "widths[2]": 4096}
+    shrunk = task.cpu_correctness.fixed_shapes[0]
+    assert shrunk["widths[1]"] < 8192 and shrunk["widths[0]"] < 4096
+    cases = plan_cases(task, run_seed=5, device="cpu")
+    assert len({c.params["widths[1]"] for c in cases}) > 1

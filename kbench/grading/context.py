@@ -104,7 +104,7 @@ class Context:
     def spec(self, params: Params, dtype: str) -> ModelSpec:
         """The model instance for a case: the problem's init inputs at its sizes."""
         init = inputs.init_inputs(self.reference, params, self.model_seed)
-        return ModelSpec(init_args=init, dtype=dtype, seed=self.model_seed)
+        return ModelSpec(init_args=init, dtype=dtype, seed=self.model_seed, params=dict(params))
 
     def draw(self, params: Params, dtype: str, distribution: str, seed: int) -> list:
         return inputs.draw(self.reference, params, dtype, distribution, seed, self.device)

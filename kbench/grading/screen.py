@@ -11,6 +11,7 @@ output for another draw of the same sizes (a value a kernel could know without t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import psutil
@@ -32,11 +33,11 @@ _OWN_MARGIN = 4.0
 # _MAX_WIDEN times (rtol 0.1): beyond that the check would tell little.
 _WIDEN = 2.0
 _MAX_WIDEN = 1000.0
-# On a CPU the reference runs in kbench's own process: a case whose tensors (every op's
-# outputs added up, in the case's dtype and again in float64) would take more than this share
-# of the free host memory is not run, so a problem too large for the machine cannot take
-# kbench down with it.
-_HOST_SHARE = 0.6
+# The reference runs in kbench's own process (on a GPU, beside the processes it starts): a case
+# whose tensors (every op's outputs added up, in the case's dtype and again in float64) would
+# take more than this share of the free host or device memory is not run, so a problem too
+# large for the machine cannot take kbench down with it.
+_MEMORY_SHARE = 0.6
 
 
 class ProblemError(Exception):
@@ -62,9 +63,10 @@ def screen(ctx: Context) -> None:
                                f"gave two different outputs for one input on "
                                f"{case.describe()} (random ops such as dropout in training "
                                "mode? a task YAML can say mode: eval)")
+        del again  # on a GPU every copy of a large output counts
         own = needed_scale(expected.output, expected.output, expected.exact, tol)
         seen.append((case, own, _lazy_scale(ctx, case, expected, args)))
-        del again, args, expected
+        del args, expected
     seen = _without_noise(ctx, seen)
     widen = _own_check(ctx, max((own for _, own, _ in seen), default=0.0))
     degenerate: dict[str, list[int]] = {}
@@ -74,6 +76,8 @@ def screen(ctx: Context) -> None:
     for what, indices in degenerate.items():
         if indices:
             ctx.notes.append(_degenerate_note(what, indices, len(ctx.cases)))
+    if ctx.device.type == "cuda":  # the workers need the memory screening held
+        torch.cuda.empty_cache()
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,7 @@ class _Dropped(Exception):
 def _reference(ctx: Context, case: Case) -> tuple[Expected, list, Expected]:
     """The reference's outputs on the case's input (exact and in dtype), the input, and the
     in-dtype output again; _Dropped if the reference raises."""
-    _fits_in_host_memory(ctx, case)
+    _fits_in_memory(ctx, case)
     try:
         args = ctx.draw(case.params, case.dtype, case.distribution, case.seed)
         try:
@@ -127,25 +131,29 @@ def _reference(ctx: Context, case: Case) -> tuple[Expected, list, Expected]:
                              "exact values come from float32, so tolerances compare with "
                              "float32")
             expected = ctx.expected(case.params, case.dtype, args)
-        again = ctx.expected(case.params, case.dtype, args)
+        again = ctx.expected(case.params, case.dtype, args, exact=False)
     except Exception as exc:  # the reference's failure at these sizes, whatever it is
         raise _Dropped(_line(exc)) from None
     return expected, args, again
 
 
-def _fits_in_host_memory(ctx: Context, case: Case) -> None:
-    """_Dropped where the case's reference runs would not fit in the free host memory (see
-    _HOST_SHARE); checked on the meta device, for problem files on a CPU."""
-    if ctx.device.type != "cpu" or not ctx.task.problem_inputs:
+def _fits_in_memory(ctx: Context, case: Case) -> None:
+    """_Dropped where the case's reference runs would not fit in the free host or device
+    memory (see _MEMORY_SHARE); checked on the meta device, for problem files."""
+    if not ctx.task.problem_inputs:
         return
     try:
         work = on_meta(ctx.reference, case.params, case.dtype, ctx.task.mode == "eval")
     except TrialError:  # the reference's own failure shows when it runs
         return
     need = 3 * work.made_bytes  # in the case's dtype, then in float64 (twice the bytes)
-    free = psutil.virtual_memory().available
-    if need > _HOST_SHARE * free:
-        raise _Dropped(f"its reference would need about {need / 2**30:.1f} GiB of host "
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()  # what earlier cases held is free for this one
+        free, where = torch.cuda.mem_get_info(ctx.device)[0], "device"
+    else:
+        free, where = psutil.virtual_memory().available, "host"
+    if need > _MEMORY_SHARE * free:
+        raise _Dropped(f"its reference would need about {need / 2**30:.1f} GiB of {where} "
                        f"memory (in {case.dtype} and float64), {free / 2**30:.1f} GiB are free")
 
 
@@ -168,28 +176,44 @@ def _judged(ctx: Context, case: Case, own: float, lazy: float, degenerate: list[
 
 
 def _lazy_scale(ctx: Context, case: Case, expected: Expected, args: list) -> Lazy:
-    """The lazy output closest to passing the case (see Lazy)."""
+    """The lazy output closest to passing the case (see Lazy); each made and judged in
+    turn, so that no more than one is held."""
     tol = ctx.tolerance(case)
-    outputs = {"zeros": [torch.zeros_like(as_tensor(leaf)) for leaf in expected.output]}
+    leaves = [as_tensor(leaf) for leaf in expected.output]
     inputs = [a for a in args if isinstance(a, torch.Tensor)]
-    passed = [next((a for a in inputs if a.shape == as_tensor(leaf).shape
-                    and a.dtype == as_tensor(leaf).dtype), None) for leaf in expected.output]
-    if any(p is not None for p in passed):
-        outputs["an input passed through"] = [
-            p if p is not None else torch.zeros_like(as_tensor(leaf))
-            for p, leaf in zip(passed, expected.output, strict=True)]
-    try:
-        other_args = ctx.draw(case.params, case.dtype, case.distribution, case.seed ^ 0x5A5A)
-        other = ctx.expected(case.params, case.dtype, other_args).output
+    passed = [next((a for a in inputs if a.shape == leaf.shape and a.dtype == leaf.dtype),
+                   None) for leaf in leaves]
+
+    def zeros() -> list:
+        return [torch.zeros_like(leaf) for leaf in leaves]
+
+    def passed_through() -> list | None:
+        if all(p is None for p in passed):
+            return None
+        return [p if p is not None else torch.zeros_like(leaf)
+                for p, leaf in zip(passed, leaves, strict=True)]
+
+    def constant() -> list | None:
+        try:
+            other_args = ctx.draw(case.params, case.dtype, case.distribution, case.seed ^ 0x5A5A)
+            other = ctx.expected(case.params, case.dtype, other_args, exact=False).output
+        except Exception:  # the other draw is a probe only; the case itself ran
+            return None
         del other_args
-        outputs["a constant (the mean of another draw's output)"] = [
-            _constant(leaf, mine) for leaf, mine in zip(expected.output, other, strict=True)]
-    except Exception:  # the other draw is a probe only; the case itself ran
-        pass
-    return min((Lazy(needed_scale([_like(o, e) for o, e in zip(out, expected.output,
-                                                                  strict=True)],
-                                  expected.output, expected.exact, tol), what)
-                for what, out in outputs.items()), key=lambda lazy: lazy.scale)
+        return [_constant(leaf, mine) for leaf, mine in zip(expected.output, other, strict=True)]
+
+    best = Lazy(math.inf, "")
+    for what, make in (("zeros", zeros), ("an input passed through", passed_through),
+                       ("a constant (the mean of another draw's output)", constant)):
+        out = make()
+        if out is None:
+            continue
+        scale = needed_scale([_like(o, e) for o, e in zip(out, expected.output, strict=True)],
+                             expected.output, expected.exact, tol)
+        del out
+        if not best.what or scale < best.scale:
+            best = Lazy(scale, what)
+    return best
 
 
 def _constant(leaf: object, other: object) -> torch.Tensor:

@@ -50,6 +50,7 @@ class Worker:
         self.compile = False
         self.models: dict[str, Any] = {}  # repr(ModelSpec) -> instance, oldest first
         self.reference: Any = None
+        self.module: Any = None  # the submission's module (the reference's, for a baseline)
         self.device = torch.device("cpu")
         self.last_output: Any = None  # held for the parent until the next request
         self.kept: dict[int, tuple[Any, float | None, int]] = {}  # call -> output, norm, seed
@@ -76,6 +77,7 @@ class Worker:
                 module = problem.load_file(r.path, r.module_name)
             except BaseException as exc:  # SystemExit at import is the submission's failure too
                 return _error("import", exc)
+        self.module = module
         self.cls = getattr(module, r.class_name, None)
         if not isinstance(self.cls, type):
             return p.Failed(p.WorkerError("import", "kbench.MissingClass",
@@ -95,6 +97,9 @@ class Worker:
     def _model(self, spec: p.ModelSpec) -> Any:
         """The instance ``spec`` names, built under its seed if it is not one of the latest
         (kbench.inputs.build); torch.compile'd for a compile baseline."""
+        problem.bind(self.reference, spec.params)
+        if self.module is not self.reference:
+            problem.mirror(self.module, spec.params)
         key = repr(spec)
         if key in self.models:
             return self.models[key]
