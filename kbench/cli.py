@@ -74,6 +74,16 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--run", type=int, dest="run_id", help="run id (default: the newest)")
     show.set_defaults(handler=_report)
 
+    compare = sub.add_parser("compare", help="two runs side by side: speedups per size before "
+                             "and after, beyond noise or not, and changed verdicts")
+    compare.add_argument("before", help="a run id in the store (see --out) or a results.json")
+    compare.add_argument("after", help="the same, for the later run")
+    compare.add_argument("--fail-on-regression", type=float, metavar="PCT", help="exit 1 if a "
+                         "size got slower beyond noise by more than PCT percent, or a correct "
+                         "submission stopped being correct")
+    _out_option(compare)
+    compare.set_defaults(handler=_compare)
+
     history = sub.add_parser("history", help="a submission's stored results across runs")
     history.add_argument("name", help="submission name, e.g. l2norm_v3")
     _out_option(history)
@@ -236,7 +246,8 @@ def _render(store: Store, run_id: int, out_dir: Path, logs: bool = False) -> int
     from kbench import report
 
     run = store.load_run(run_id)
-    board, data = report.write(run, out_dir)
+    histories = {sub.name: store.history(sub.name) for sub in run.submissions}
+    board, data = report.write(run, out_dir, histories)
     print()
     print(report.leaderboard(run))
     print(f"wrote {board} and {data}" + (f"; logs in {out_dir / 'logs'}" if logs else ""))
@@ -264,6 +275,24 @@ def _report(args: argparse.Namespace) -> int:
         return _render(store, run_id, out_dir)
     except (StoreError, FileNotFoundError) as exc:
         return _fail(str(exc))
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from kbench.run_diff import DiffError, diff, load, render
+
+    store_dir = (args.out or paths.default_reports_dir()).resolve()
+    try:
+        result = diff(load(args.before, store_dir), load(args.after, store_dir))
+    except DiffError as exc:
+        return _fail(str(exc))
+    pct = args.fail_on_regression
+    print(render(result, pct or 0.0))
+    regressions = result.regressions(pct) if pct is not None else []
+    if regressions:
+        print(f"\n{len(regressions)} regression(s) beyond noise and {pct:g}%:")
+        print("\n".join(f"- {line}" for line in regressions))
+        return 1
+    return 0
 
 
 def _history(args: argparse.Namespace) -> int:

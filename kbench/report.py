@@ -39,6 +39,7 @@ _MODE = {
                        "excluded",
 }
 LAUNCH_BOUND_MS = 0.05  # below this, an eager figure is mostly launch overhead
+MARKDOWN_PROBLEMS = 20  # per-problem charts in leaderboard.md up to this many problems
 
 
 def progress_line(result: SubmissionResult, index: int, total: int) -> str:
@@ -72,12 +73,12 @@ def _bandwidth(m: Measurement | None, copy_gbps: float | None, b: Benchmark,
     FLOPs, TFLOP/s (share of the device's peak for the dtype, where kbench.peaks knows it)."""
     if m is None or m.gbps is None:
         return "-"
-    share = f" ({100 * m.gbps / copy_gbps:.0f}% of copy)" if copy_gbps else ""
+    share = f" ({100 * m.gbps / copy_gbps:.0f}%)" if copy_gbps else ""
     if not b.flops:
         return f"{m.gbps:.0f} GB/s{share}"
     tflops = b.flops / (m.ms * 1e-3) / 1e12
     peak = peak_tflops(device, b.dtype)
-    of_peak = f" ({100 * tflops / peak:.0f}% of peak)" if peak else ""
+    of_peak = f" ({100 * tflops / peak:.0f}%)" if peak else ""
     return f"{m.gbps:.0f} GB/s{share}, {tflops:.3g} TFLOP/s{of_peak}"
 
 
@@ -95,14 +96,18 @@ def _launch_bound(run: RunResult, problem: ProblemRun) -> set[str]:
             if b.reference is not None and b.reference.ms < LAUNCH_BOUND_MS}
 
 
-def leaderboard(run: RunResult) -> str:
+def leaderboard(run: RunResult, images: dict[str, list[str]] | None = None) -> str:
+    """The run in Markdown; ``images`` (problem name, or "" for the run, -> chart files
+    relative to the leaderboard) are shown where they belong."""
+    images = images or {}
     bound = set().union(*(_launch_bound(run, p) for p in run.problems))
     lines = [f"# kbench leaderboard: {run.task}", "", *_header(run, bound)]
     if len(run.problems) > 1:
-        lines += ["", "## Summary", "", *_summary(run)]
+        lines += ["", "## Summary", "", *_summary(run), *_images(images.get("", []))]
     for problem in run.problems:
         subs = [s for s in run.submissions if s.problem == problem.name]
         lines += _problem(run, problem, subs, len(run.problems) > 1)
+        lines += _images(images.get(problem.name, []))
     lines += ["", "Full compiler and run output: logs/NAME.build.log and logs/NAME.run.log "
               "beside this file; `kbench grade FILE --seed S --case K` (in results.json under "
               "failure.reproduce) repeats a failing case."]
@@ -127,14 +132,24 @@ def _problem(run: RunResult, problem: ProblemRun, subs: list[SubmissionResult],
         lines += ["", f"{level} Reference", "", _reference_table(problem, run.copy_gbps,
                                                                  _device(run), shape_name)]
     lines += ["", f"{level} Ranked", "", _ranked_table(run, subs, problem, shape_name)]
+    sizes = _sizes_table(run, subs, shape_name)
+    if sizes:
+        lines += ["", f"{level} Per size", "", sizes]
     failed = [s for s in subs if s.status is not Status.OK]
     if failed:
         lines += ["", f"{level} Not ranked", "",
                   tabulate([[s.name, s.status.value, f"{s.cases_passed}/{s.cases_total}",
-                             _one_line(s.reason), _labels(s)] for s in failed],
+                             _one_line(s.reason, _SHORT), _labels(s)] for s in failed],
                            headers=["submission", "verdict", "cases", "reason", "flags"],
                            tablefmt="github")]
+        long = [s for s in failed if len(_one_line(s.reason)) > _SHORT]
+        lines += ["", "Reasons in full:", ""] + [f"- {s.name}: {_one_line(s.reason, 2000)}"
+                                                 for s in long] if long else []
     return lines
+
+
+def _images(paths: list[str]) -> list[str]:
+    return [""] + [f"![{Path(p).stem}]({p})" for p in paths] if paths else []
 
 
 def _summary(run: RunResult) -> list[str]:
@@ -191,7 +206,9 @@ def _header(run: RunResult, bound: set[str]) -> list[str]:
                      "dominate; `--timing graph` measures the kernels alone")
     if run.copy_gbps:
         lines.append(f"- copy bandwidth (device to device, read + write, this run): "
-                     f"{run.copy_gbps:.0f} GB/s; achieved GB/s count the task's minimum traffic")
+                     f"{run.copy_gbps:.0f} GB/s; achieved GB/s count the task's minimum traffic "
+                     "(in brackets: the share of that copy bandwidth), TFLOP/s the reference's "
+                     "counted FLOPs (in brackets: the share of the device's peak, kbench.peaks)")
     references = [b for problem in run.problems for b in problem.reference]
     if any(b.reference is not None and not b.reference.l2_reset for b in references):
         lines.append("- note: persisting L2 lines could not be reset before samples (no CUDA "
@@ -212,17 +229,17 @@ def _device(run: RunResult) -> str:
 
 def _reference_table(problem: ProblemRun, copy_gbps: float | None, device: str,
                      shape_name: Callable[[Benchmark], str]) -> str:
-    return tabulate([[shape_name(b), b.dtype, _ms(b.reference),
-                      _interval(b.reference and b.reference.ci),
-                      b.reference.samples if b.reference else 0,
-                      _bandwidth(b.reference, copy_gbps, b, device),
-                      f"{_ms(b.reference_start)} / {_ms(b.reference_end)}",
-                      _ms(b.compiled), _clocks(b.reference),
-                      b.skipped or (f"drifted: {b.drift}" if b.drift else "")]
-                     for b in problem.reference],
-                    headers=["shape", "dtype", "median", "95% interval (ms)", "samples",
-                             "achieved", "start / end", "torch.compile", "SM/mem MHz", "note"],
-                    tablefmt="github")
+    rows = [[shape_name(b), b.dtype,
+             f"{_ms(b.reference)} ({_interval(b.reference and b.reference.ci)})",
+             b.reference.samples if b.reference else 0,
+             _bandwidth(b.reference, copy_gbps, b, device), _ms(b.compiled),
+             _clocks(b.reference), b.skipped or (f"drifted: {b.drift}" if b.drift else "")]
+            for b in problem.reference]
+    headers = ["shape", "dtype", "median (95% interval)", "samples", "achieved",
+               "torch.compile", "SM/mem MHz", "note"]
+    if not any(row[-1] for row in rows):  # no note: no column for it
+        rows, headers = [row[:-1] for row in rows], headers[:-1]
+    return tabulate(rows, headers=headers, tablefmt="github")
 
 
 def _ranked_table(run: RunResult, subs: list[SubmissionResult], problem: ProblemRun,
@@ -230,20 +247,25 @@ def _ranked_table(run: RunResult, subs: list[SubmissionResult], problem: Problem
     ranked = sorted([s for s in subs if s.status is Status.OK], key=lambda s: -(s.speedup or 0))
     if not ranked:
         return "No submission passed every correctness case."
-    names = {_shape(b): shape_name(b) for b in problem.reference}
-    shapes = list(dict.fromkeys(_shape(b) for s in ranked for b in s.benchmarks))
-    rows, device = [], _device(run)
-    for rank, sub in enumerate(ranked, 1):
-        cells = {_shape(b): (f"{_speedup(b.speedup, b.speedup_ci)}, {_ms(b.candidate)}, "
-                             f"{_bandwidth(b.candidate, run.copy_gbps, b, device)}" if b.speedup
-                             else f"skipped: {b.skipped}") for b in sub.benchmarks}
-        rows.append([rank, sub.name, _speedup(sub.speedup, sub.speedup_ci),
-                     _speedup(sub.compile_speedup, sub.compile_speedup_ci),
-                     f"{sub.cases_passed}/{sub.cases_total}",
-                     *(cells.get(s, "-") for s in shapes), _labels(sub)])
-    return tabulate(rows, headers=["#", "submission", "speedup", "vs compile", "cases",
-                                   *(names.get(s, s) for s in shapes), "flags"],
-                    tablefmt="github")
+    return tabulate([[rank, sub.name, _speedup(sub.speedup, sub.speedup_ci),
+                      _speedup(sub.compile_speedup, sub.compile_speedup_ci),
+                      f"{sub.cases_passed}/{sub.cases_total}", _labels(sub)]
+                     for rank, sub in enumerate(ranked, 1)],
+                    headers=["#", "submission", "speedup (95% interval)", "vs compile", "cases",
+                             "flags"], tablefmt="github")
+
+
+def _sizes_table(run: RunResult, subs: list[SubmissionResult],
+                 shape_name: Callable[[Benchmark], str]) -> str:
+    """Each ranked submission's figures per benchmark size, a row each."""
+    ranked = sorted([s for s in subs if s.status is Status.OK], key=lambda s: -(s.speedup or 0))
+    device = _device(run)
+    rows = [[sub.name, shape_name(b), _speedup(b.speedup, b.speedup_ci), _ms(b.candidate),
+             _bandwidth(b.candidate, run.copy_gbps, b, device)] if b.speedup else
+            [sub.name, shape_name(b), f"skipped: {_one_line(b.skipped or '', _SHORT)}", "", ""]
+            for sub in ranked for b in sub.benchmarks]
+    return tabulate(rows, headers=["submission", "size", "speedup (95% interval)", "median",
+                                   "achieved"], tablefmt="github") if rows else ""
 
 
 def _labels(sub: SubmissionResult) -> str:
@@ -257,27 +279,64 @@ def _labels(sub: SubmissionResult) -> str:
     return ", ".join([*sub.flags, *notes])
 
 
+# A reason in a table row is cut to this many characters (in full below the table).
+_SHORT = 60
+
+
 def _one_line(text: str, limit: int = 240) -> str:
     line = " ".join(text.split()).replace("|", "\\|")
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def write(run: RunResult, out_dir: Path) -> tuple[Path, Path]:
-    """Write leaderboard.md and results.json, each atomically (temp file, then rename)."""
+def write(run: RunResult, out_dir: Path, histories: dict[str, list[dict]] | None = None
+          ) -> tuple[Path, Path]:
+    """Write leaderboard.md with its charts (charts/*.png), index.html, results.csv and
+    results.json, each atomically (temp file, then rename). ``histories``: see
+    kbench.html_report.page."""
+    from kbench import csv_report, html_report
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    board = _atomic_write(out_dir / "leaderboard.md", leaderboard(run))
+    images = _charts(run, out_dir / "charts")
+    board = _atomic_write(out_dir / "leaderboard.md", leaderboard(run, images))
+    _atomic_write(out_dir / "index.html", html_report.page(run, histories))
+    _atomic_write(out_dir / "results.csv", csv_report.table(run))
     data = _atomic_write(out_dir / "results.json", json.dumps(run.to_dict(), indent=2) + "\n")
     return board, data
 
 
-def _atomic_write(path: Path, text: str) -> Path:
+def _charts(run: RunResult, folder: Path) -> dict[str, list[str]]:
+    """PNG charts for the Markdown: fast_p for a run over many problems, and speedup and
+    roofline per problem (for at most MARKDOWN_PROBLEMS problems: beyond that, index.html)."""
+    from kbench import charts
+
+    device = _device(run)
+    figures = {"": [("fast_p", charts.fast_p(run))]}
+    if len(run.problems) <= MARKDOWN_PROBLEMS:
+        for problem in run.problems:
+            subs = [s for s in run.submissions if s.problem == problem.name]
+            figures[problem.name] = [
+                ("speedup", charts.speedups(subs)),
+                ("roofline", charts.roofline(subs, problem, device, run.copy_gbps))]
+    images: dict[str, list[str]] = {}
+    for key, named in figures.items():
+        for what, fig in named:
+            if fig is None:
+                continue
+            name = f"{key.replace('/', '_')}-{what}.png" if key else f"{what}.png"
+            folder.mkdir(parents=True, exist_ok=True)
+            _atomic_write(folder / name, charts.png_bytes(fig))
+            images.setdefault(key, []).append(f"charts/{name}")
+    return images
+
+
+def _atomic_write(path: Path, text: str | bytes) -> Path:
     """Readers see the old file or the new one, never half of either."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 is for secrets, not reports
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -12,6 +12,13 @@ def params_text(params: dict[str, int]) -> str:
     return "x".join(str(v) for v in params.values())
 
 
+def error_line(exc: BaseException) -> str:
+    """An exception as one line of a report: its type and its message's first line."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text \
+        else type(exc).__name__
+
+
 @dataclass
 class Measurement:
     """One side's timing of one shape: the median in ms with its 95 % interval ([low, high]),
@@ -132,6 +139,26 @@ class RunResult:
 
     def problem(self, name: str) -> ProblemRun | None:
         return next((p for p in self.problems if p.name == name), None)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunResult:
+        """A run as results.json holds it (from ``to_dict``; one written before kbench 0.3
+        has a single problem's reference and notes at the top)."""
+        problems = [ProblemRun.from_dict(p) for p in data.get("problems", [])] or [
+            ProblemRun(data["task"], "", "", notes=list(data.get("notes", [])),
+                       reference=[Benchmark.from_dict(b) for b in data.get("reference", [])],
+                       copy_gbps=data.get("copy_gbps"))]
+        subs = []
+        for raw in data["submissions"]:
+            raw = {**raw, "status": Status(raw["status"]),
+                   "benchmarks": [Benchmark.from_dict(b) for b in raw.get("benchmarks", [])]}
+            raw.setdefault("problem", problems[0].name if len(problems) == 1 else "")
+            subs.append(SubmissionResult(**raw))
+        own = {n for p in problems for n in p.notes}  # to_dict adds a single problem's
+        notes = [n for n in data.get("notes", []) if n not in own]
+        return cls(data["kbench_version"], data["task"], data["seed"], data["started"],
+                   data["environment"], problems, subs, list(notes), data.get("run_id"),
+                   data.get("timing_mode", "eager"))
 
     def to_dict(self) -> dict:
         single = self.problems[0] if len(self.problems) == 1 else None

@@ -54,11 +54,22 @@ def _low(value: float | None, ci: list[float] | None) -> float:
     return ci[0] if ci else value
 
 
-def summarise(run: RunResult) -> Summary:
+def _by_problem(run: RunResult) -> tuple[dict[str, list[SubmissionResult]], set[str]]:
+    """Submissions by problem; and the problems that could not be graded."""
     by_problem: dict[str, list[SubmissionResult]] = {}
     for sub in run.submissions:
         by_problem.setdefault(sub.problem, []).append(sub)
-    broken = {p.name for p in run.problems if p.error}
+    return by_problem, {p.name for p in run.problems if p.error}
+
+
+def best_per_problem(run: RunResult) -> dict[str, SubmissionResult | None]:
+    """Each gradable problem's best correct submission (None where none is correct)."""
+    by_problem, broken = _by_problem(run)
+    return {name: best(subs) for name, subs in by_problem.items() if name not in broken}
+
+
+def summarise(run: RunResult) -> Summary:
+    by_problem, broken = _by_problem(run)
     gradable = {name: subs for name, subs in by_problem.items() if name not in broken}
     ok = [[s for s in subs if s.status is Status.OK] for subs in gradable.values()]
     n = len(gradable)

@@ -53,6 +53,7 @@ def test_exit_zero_and_reports_written(run):
     code, results, out, _ = run
     assert code == 0
     assert (out / "leaderboard.md").exists() and (out / "logs").is_dir()
+    assert (out / "index.html").exists() and (out / "results.csv").exists()
     assert results["task"] == "l2norm" and results["seed"] == 1234
     assert results["environment"]["device"] == "cpu" and results["environment"]["torch"]
     assert not list((out / "logs").glob("*round*"))  # every round in one process on a CPU

@@ -15,8 +15,8 @@ from kbench.cases import Case
 from kbench.compare import compare, identical, needed_scale
 from kbench.discovery import Submission
 from kbench.grading.channel import Channel, Stop
-from kbench.grading.context import Context
-from kbench.results import SubmissionResult
+from kbench.grading.context import Context, NoExact
+from kbench.results import SubmissionResult, error_line
 from kbench.verdict import Status, Verdict
 
 _random = random.SystemRandom()  # choices a submission must not be able to predict
@@ -97,7 +97,14 @@ def _copy(value: object) -> object:
 def _judge(ctx: Context, sub: Submission, case: Case, inputs: list, sent: list,
            answer: protocol.Ran, out: list) -> None:
     """Right values (against the reference in float64), and the inputs left alone."""
-    expected = ctx.expected(case.params, case.dtype, inputs)
+    try:
+        expected = ctx.expected(case.params, case.dtype, inputs)
+    except NoExact as exc:  # on a GPU, the float64 copy may not fit beside the worker
+        ctx.without_float64()
+        ctx.notes.append(f"{case.describe()}: the reference's float64 copy could not run "
+                         f"({error_line(exc.cause)}): from there on, exact values come from "
+                         "float32")
+        expected = ctx.expected(case.params, case.dtype, inputs)
     outcome = compare(out, answer.structure, expected.output, expected.structure,
                       expected.exact, ctx.tolerance(case))
     if not outcome.ok:

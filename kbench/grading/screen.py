@@ -22,7 +22,7 @@ from kbench.compare import needed_scale
 from kbench.grading.context import Context, Expected, NoExact
 from kbench.outputs import as_tensor
 from kbench.problems.trial import TrialError, on_meta
-from kbench.results import params_text
+from kbench.results import error_line, params_text
 
 # A case a lazy output passes is tightened so that it fails by this factor, where the
 # reference's own arithmetic still passes with this margin; otherwise the case is degenerate.
@@ -127,13 +127,13 @@ def _reference(ctx: Context, case: Case) -> tuple[Expected, list, Expected]:
             expected = ctx.expected(case.params, case.dtype, args)
         except NoExact as exc:
             ctx.without_float64()
-            ctx.notes.append(f"the reference cannot run in float64 here ({_line(exc.cause)}): "
-                             "exact values come from float32, so tolerances compare with "
-                             "float32")
+            ctx.notes.append(f"the reference cannot run in float64 here "
+                             f"({error_line(exc.cause)}): exact values come from float32, so "
+                             "tolerances compare with float32")
             expected = ctx.expected(case.params, case.dtype, args)
         again = ctx.expected(case.params, case.dtype, args, exact=False)
     except Exception as exc:  # the reference's failure at these sizes, whatever it is
-        raise _Dropped(_line(exc)) from None
+        raise _Dropped(error_line(exc)) from None
     return expected, args, again
 
 
@@ -256,9 +256,3 @@ def _own_check(ctx: Context, worst: float) -> float:
                      f"({ctx.task.dtypes[0]}): the reference's own result differs from its "
                      f"float64 self up to {worst:.3g}x kbench's default")
     return factor
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    first = text.splitlines()[0][:200] if text else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

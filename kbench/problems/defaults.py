@@ -17,6 +17,7 @@ from typing import Any
 
 from kbench import inputs
 from kbench.problems import sizes
+from kbench.results import error_line
 from kbench.task import Correctness, Task, TaskError, digest
 
 RANDOM_CASES = 8
@@ -48,8 +49,7 @@ def from_problem(file: Path, raw: dict | None = None, yaml_path: Path | None = N
     try:
         module = inputs.load_file(file, f"kbench_problem_{abs(hash(str(file.resolve())))}")
     except BaseException as exc:  # the problem's own import failed, whatever it raised
-        raise TaskError(f"{file}: cannot import it: {type(exc).__name__}: "
-                        f"{_first_line(exc)}") from None
+        raise TaskError(f"{file}: cannot import it: {error_line(exc)}") from None
     for attr in ("Model", "get_inputs", "get_init_inputs"):
         if not callable(getattr(module, attr, None)):
             raise TaskError(f"{file}: expected a KernelBench problem defining {attr}")
@@ -124,8 +124,3 @@ def _semantics(module: Any, file: Path) -> str:
     doc = inspect.getdoc(module.Model) or ""
     first = doc.split("\n\n")[0].strip()
     return first or f"the KernelBench problem {file.name}"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else "(no message)"

@@ -14,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from kbench import inputs
 from kbench.outputs import Unsupported, flatten, tensors
+from kbench.results import error_line
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "float64": torch.float64}
@@ -72,8 +73,7 @@ def on_meta(module: ModuleType, params: dict[str, int], dtype: str = "float32",
     except Unsupported as exc:
         raise TrialError(f"returns {exc}") from None
     except Exception as exc:  # the reference's own failure, whatever it is
-        raise TrialError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
-                         if str(exc).strip() else type(exc).__name__) from None
+        raise TrialError(error_line(exc)) from None
     state = [t for t in model.state_dict().values() if isinstance(t, torch.Tensor)]
     ins, outs = _nbytes(args), _nbytes(tensors(leaves))
     return Work(flops=int(counter.get_total_flops()), bytes=ins + _nbytes(state) + outs,

@@ -1,0 +1,138 @@
+"""Two runs side by side (`kbench compare A B`): per submission and benchmark size, the speedup
+before and after, the change, and whether it is beyond noise: the two 95 % intervals do not
+overlap. Speedups, not times, are compared: each divides the reference timed in the same run,
+so a machine that got slower between the runs does not read as a regression. Verdicts that
+are new, gone or changed are listed; a correct submission that stopped being correct counts
+as a regression."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tabulate import tabulate
+
+from kbench.results import RunResult, params_text
+from kbench.verdict import Status
+
+
+@dataclass(frozen=True)
+class SizeChange:
+    problem: str
+    submission: str
+    size: str
+    dtype: str
+    before: float
+    before_ci: list[float] | None
+    after: float
+    after_ci: list[float] | None
+
+    @property
+    def change_pct(self) -> float:
+        return 100 * (self.after / self.before - 1)
+
+    @property
+    def beyond_noise(self) -> bool:
+        if not self.before_ci or not self.after_ci:
+            return False
+        return self.after_ci[1] < self.before_ci[0] or self.after_ci[0] > self.before_ci[1]
+
+    def regressed(self, pct: float) -> bool:
+        return self.beyond_noise and self.change_pct < -pct
+
+
+@dataclass(frozen=True)
+class VerdictChange:
+    problem: str
+    submission: str
+    before: str | None  # None: not in the first run
+    after: str | None  # None: not in the second
+
+    @property
+    def regressed(self) -> bool:
+        return self.before == Status.OK.value and self.after not in (None, Status.OK.value)
+
+
+@dataclass(frozen=True)
+class Diff:
+    before: str  # how each run was named
+    after: str
+    sizes: list[SizeChange]
+    verdicts: list[VerdictChange]
+
+    def regressions(self, pct: float) -> list[str]:
+        """One line per size slower beyond noise by more than ``pct`` percent, and per
+        submission no longer correct."""
+        return ([f"{c.problem}/{c.submission} {c.size}: {c.before:.3f}x -> {c.after:.3f}x "
+                 f"({c.change_pct:+.1f}%)" for c in self.sizes if c.regressed(pct)]
+                + [f"{v.problem}/{v.submission}: {v.before} -> {v.after}"
+                   for v in self.verdicts if v.regressed])
+
+
+class DiffError(Exception):
+    pass
+
+
+def load(source: str, store_dir: Path) -> tuple[str, RunResult]:
+    """A run by its id in the store in ``store_dir``, or a results.json (or a folder with
+    one); its name as the table shows it."""
+    if source.isdigit():
+        from kbench.store import FILENAME, Store, StoreError
+
+        if not (store_dir / FILENAME).exists():
+            raise DiffError(f"run {source}: no results store in {store_dir} (--out names it)")
+        try:
+            return f"run {source}", Store(store_dir).load_run(int(source))
+        except StoreError as exc:
+            raise DiffError(str(exc)) from None
+    path = Path(source)
+    path = path / "results.json" if path.is_dir() else path
+    try:
+        return str(path), RunResult.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DiffError(f"{path}: not a kbench results.json ({type(exc).__name__}: "
+                        f"{exc})") from None
+
+
+def diff(before: tuple[str, RunResult], after: tuple[str, RunResult]) -> Diff:
+    old = {(s.problem, s.name): s for s in before[1].submissions}
+    new = {(s.problem, s.name): s for s in after[1].submissions}
+    sizes, verdicts = [], []
+    for key in sorted(old.keys() | new.keys()):
+        a, b = old.get(key), new.get(key)
+        if a is None or b is None or a.status is not b.status:
+            verdicts.append(VerdictChange(*key, a and a.status.value, b and b.status.value))
+        if a is None or b is None:
+            continue
+        earlier = {(params_text(x.params), x.dtype): x for x in a.benchmarks if x.speedup}
+        for x in b.benchmarks:
+            y = earlier.get((params_text(x.params), x.dtype))
+            if x.speedup and y is not None:
+                sizes.append(SizeChange(*key, params_text(x.params), x.dtype, y.speedup,
+                                        y.speedup_ci, x.speedup, x.speedup_ci))
+    return Diff(before[0], after[0], sizes, verdicts)
+
+
+def render(d: Diff, pct: float) -> str:
+    lines = [f"before: {d.before}", f"after:  {d.after}", ""]
+    if d.sizes:
+        lines.append(tabulate(
+            [[f"{c.problem}/{c.submission}", c.size, _x(c.before, c.before_ci),
+              _x(c.after, c.after_ci), f"{c.change_pct:+.1f}%",
+              ("REGRESSION" if c.regressed(pct) else "faster" if c.change_pct > 0 else
+               "slower") if c.beyond_noise else "within noise"] for c in d.sizes],
+            headers=["submission", "size", "before", "after", "change", "beyond noise?"],
+            tablefmt="github"))
+    else:
+        lines.append("No size was timed in both runs.")
+    if d.verdicts:
+        lines += ["", tabulate([[f"{v.problem}/{v.submission}", v.before or "(new)",
+                                 v.after or "(gone)"] for v in d.verdicts],
+                               headers=["submission", "verdict before", "after"],
+                               tablefmt="github")]
+    return "\n".join(lines)
+
+
+def _x(value: float, ci: list[float] | None) -> str:
+    return f"{value:.3f}x" + (f" ({ci[0]:.3g}-{ci[1]:.3g})" if ci else "")

@@ -1,0 +1,188 @@
+"""What a run writes besides results.json: index.html (opened in headless Chromium), the
+Markdown with its charts, results.csv, and `kbench compare` between two runs."""
+
+import csv
+import json
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kbench import csv_report, html_report, report
+from kbench.cli import main
+from kbench.results import Benchmark, Measurement, ProblemRun, RunResult, SubmissionResult
+from kbench.run_diff import diff
+from kbench.verdict import Status
+
+HOSTILE = "<script>alert('reason')</script> and a very long tail " + "x" * 200
+
+
+def _bench(size: int, speedup: float, flops: int | None = None) -> Benchmark:
+    ms = 1.0 / speedup
+    return Benchmark(
+        params={"batch": 16, "dim": size}, dtype="float32",
+        reference=Measurement(1.0, [0.98, 1.02], 30, gbps=500.0),
+        candidate=Measurement(ms, [ms * 0.98, ms * 1.02], 30, gbps=500.0 * speedup),
+        speedup=speedup, speedup_ci=[speedup * 0.97, speedup * 1.03],
+        compile_speedup=speedup * 0.8, compile_speedup_ci=[speedup * 0.77, speedup * 0.83],
+        flops=flops, nbytes=2 * 16 * size * 4)
+
+
+def _ok(problem: str, name: str, speedup: float, flops: int | None = None) -> SubmissionResult:
+    benches = [_bench(1024, speedup, flops), _bench(4096, speedup * 1.1, flops)]
+    return SubmissionResult(name=name, path=f"subs/{name}.py", sha256="ab" * 32,
+                            status=Status.OK, speedup=speedup * 1.05,
+                            speedup_ci=[speedup, speedup * 1.1], compile_speedup=speedup * 0.84,
+                            compile_speedup_ci=[speedup * 0.8, speedup * 0.9], cases_passed=9,
+                            cases_total=9, benchmarks=benches, problem=problem,
+                            logs=["/abs/out/logs/x.build.log", "/abs/out/logs/x.run.log",
+                                  "/abs/out/logs/x.round2.log"])
+
+
+def _run() -> RunResult:
+    problems = [ProblemRun("level1/relu", "relu.py", "d1", notes=["a note"],
+                           reference=[_bench(1024, 1.0), _bench(4096, 1.0)], copy_gbps=3000.0),
+                ProblemRun("level1/gemm", "gemm.py", "d2"),
+                ProblemRun("level1/broken", "broken.py", "d3", error="no Model in it")]
+    bad = SubmissionResult(name="relu_bad", path="subs/relu_bad.py", sha256="cd" * 32,
+                           status=Status.WRONG_OUTPUT, reason=HOSTILE, cases_passed=2,
+                           cases_total=9, problem="level1/relu",
+                           failure={"reproduce": "kbench grade subs/relu_bad.py --case 3"})
+    return RunResult("t", "KernelBench", 7, "2026-11-25", {"device": "cuda",
+                     "device_name": "NVIDIA H100 80GB HBM3", "torch": "2.11"}, problems,
+                     [_ok("level1/relu", "relu_fast", 2.0), _ok("level1/relu", "relu_same", 1.0),
+                      bad, _ok("level1/gemm", "gemm_a", 1.3, flops=10**9),
+                      SubmissionResult("broken_a", "b.py", "ef" * 32, Status.TASK_ERROR,
+                                       reason="not graded", problem="level1/broken")],
+                     run_id=3)
+
+
+def test_results_csv_has_a_row_per_submission_and_size():
+    rows = list(csv.DictReader(csv_report.table(_run()).splitlines()))
+    assert len(rows) == 2 + 2 + 1 + 2 + 1  # untimed submissions keep one row
+    assert list(rows[0]) == list(csv_report.COLUMNS)
+    fast = [r for r in rows if r["submission"] == "relu_fast"]
+    assert [r["size"] for r in fast] == ["batch=16;dim=1024", "batch=16;dim=4096"]
+    assert float(fast[0]["size_speedup"]) == 2.0 and float(fast[0]["size_speedup_low"]) == 1.94
+    assert float(fast[0]["ms"]) == 0.5 and float(fast[0]["copy_gbps"]) == 3000.0
+    gemm = next(r for r in rows if r["submission"] == "gemm_a")
+    assert float(gemm["tflops"]) == pytest.approx(1e9 / (1 / 1.3 * 1e-3) / 1e12)
+    bad = next(r for r in rows if r["submission"] == "relu_bad")
+    assert bad["status"] == "wrong_output" and bad["size"] == "" and bad["reason"] == HOSTILE
+
+
+def test_the_page_escapes_what_submissions_wrote_and_links_logs_beside_it():
+    page = html_report.page(_run())
+    assert "<script>alert" not in page and "&lt;script&gt;alert" in page
+    assert "href='logs/x.build.log'" in page and "/abs/out" not in page
+    assert "kbench grade subs/relu_bad.py --case 3" in page
+    assert "problem error: no Model in it" in page  # the grid says why a problem has none
+    # fast_p; relu's speedups and bandwidth; gemm's speedups and roofline (it counts FLOPs)
+    assert page.count("<figure>") == 5
+
+
+def test_markdown_rows_stay_narrow_and_reasons_are_given_in_full_below(tmp_path):
+    board, _ = report.write(_run(), tmp_path)
+    text = board.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    assert rows and max(len(line) for line in rows) <= 120
+    assert f"- relu_bad: {' '.join(HOSTILE.split())}" in text
+    assert "![level1_relu-speedup](charts/level1_relu-speedup.png)" in text
+    assert (tmp_path / "charts" / "level1_relu-speedup.png").stat().st_size > 1000
+    assert (tmp_path / "results.csv").exists() and (tmp_path / "index.html").exists()
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        pytest.skip("no chromium here (.ci/run installs Debian's chromium)")
+    return found
+
+
+def test_the_page_opens_in_a_browser_without_errors_and_draws_its_charts(tmp_path):
+    browser = _chromium()
+    report.write(_run(), tmp_path)
+    url = (tmp_path / "index.html").as_uri()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+             "--enable-logging=stderr", "--v=0"]
+    dom = subprocess.run([browser, *flags, "--dump-dom", url], capture_output=True, text=True,
+                         timeout=120)
+    console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
+    assert not console, console
+    figures = (tmp_path / "index.html").read_text().count("<figure>")
+    assert figures >= 3 and f'data-ready="{figures}"' in dom.stdout  # the script ran to its end
+    shot = tmp_path / "index.png"
+    subprocess.run([browser, *flags, "--window-size=1300,2400", f"--screenshot={shot}", url],
+                   capture_output=True, timeout=120, check=True)
+    assert shot.stat().st_size > 20_000  # a page with charts, not a blank one
+
+
+def _slowed(run: RunResult, name: str, factor: float) -> RunResult:
+    subs = []
+    for sub in run.submissions:
+        if sub.name == name:
+            sub = replace(sub, benchmarks=[replace(b, speedup=b.speedup * factor,
+                                                   speedup_ci=[c * factor for c in b.speedup_ci])
+                                           for b in sub.benchmarks])
+        subs.append(sub)
+    return replace(run, submissions=subs)
+
+
+def test_compare_finds_a_slowed_kernel_and_nothing_in_an_unchanged_run():
+    run = _run()
+    same = diff(("a", run), ("b", run))
+    assert same.sizes and not any(c.beyond_noise for c in same.sizes)
+    assert not same.verdicts and not same.regressions(0.0)
+    slower = diff(("a", run), ("b", _slowed(run, "relu_fast", 0.7)))
+    flagged = [c for c in slower.sizes if c.regressed(5.0)]
+    assert {c.submission for c in flagged} == {"relu_fast"} and len(flagged) == 2
+    assert not [c for c in slower.sizes if c.regressed(40.0)]  # -30 % is within 40 %
+
+
+def test_compare_lists_verdicts_new_gone_and_no_longer_correct():
+    run = _run()
+    later = replace(run, submissions=[replace(s, status=Status.WRONG_OUTPUT, benchmarks=[])
+                                      if s.name == "relu_same" else s
+                                      for s in run.submissions if s.name != "gemm_a"])
+    changes = {v.submission: (v.before, v.after) for v in diff(("a", run), ("b", later)).verdicts}
+    assert changes == {"relu_same": ("ok", "wrong_output"), "gemm_a": ("ok", None)}
+    assert diff(("a", later), ("b", run)).verdicts[0].after == "ok"  # new or fixed: not bad
+    assert len(diff(("a", run), ("b", later)).regressions(5.0)) == 1  # gone is not a regression
+
+
+def test_compare_command_exits_1_on_a_regression_beyond_noise(tmp_path, capsys):
+    run = _run()
+    before, after = tmp_path / "before.json", tmp_path / "after.json"
+    before.write_text(json.dumps(run.to_dict()))
+    after.write_text(json.dumps(_slowed(run, "relu_fast", 0.7).to_dict()))
+    assert main(["compare", str(before), str(before), "--fail-on-regression", "5"]) == 0
+    assert main(["compare", str(before), str(after), "--fail-on-regression", "5"]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION" in out and "level1/relu/relu_fast" in out
+    assert main(["compare", str(before), str(tmp_path / "missing.json")]) == 2
+    assert "missing.json: not a kbench results.json" in capsys.readouterr().err
+
+
+def test_a_results_json_reads_back_as_the_run_it_was():
+    run = _run()
+    again = RunResult.from_dict(json.loads(json.dumps(run.to_dict())))
+    assert again == run
+
+
+def test_bundled_charts_are_drawn_for_a_stored_gpu_run():
+    # A results.json written before kbench 0.3 (one problem, at the top level) still renders.
+    old = Path(__file__).parent.parent / "reports" / "h100-2026-11-25" / "results.json"
+    run = RunResult.from_dict(json.loads(old.read_text()))
+    assert run.problems[0].name == "l2norm" and run.problems[0].reference
+    assert html_report.page(run).count("<figure>") == 2
+
+
+def test_a_submission_graded_in_several_runs_gets_its_history_charted():
+    rows = [{"run": 1, "speedup": 1.2, "status": "ok"}, {"run": 2, "speedup": None,
+                                                          "status": "wrong_output"},
+            {"run": 3, "speedup": 1.9, "status": "ok"}]
+    page = html_report.page(_run(), {"relu_fast": rows, "relu_same": rows[:1]})
+    assert page.count("<h2>History across stored runs</h2>") == 1
+    assert page.count("<figure>") == 6  # one history: relu_same was graded once
