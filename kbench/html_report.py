@@ -30,6 +30,8 @@ table.sortable th{cursor:pointer}table.sortable th:after{content:" \\2195";color
 figure{margin:.5em 0}svg{max-width:100%;height:auto}p,td{overflow-wrap:anywhere}
 code{background:#f3f3f3;padding:0 .3em}.muted{color:#777}
 """
+# Per-problem charts are drawn for runs of up to this many problems (each is tens of KB).
+CHARTED_PROBLEMS = 40
 _SCRIPT = """
 document.querySelectorAll("table.sortable").forEach(function (table) {
   table.querySelectorAll("th").forEach(function (th, col) {
@@ -60,9 +62,14 @@ def page(run: RunResult, histories: dict[str, list[dict]] | None = None) -> str:
     if len(run.problems) > 1:
         parts.append(_batch(run))
     parts.append(_leaderboard(run))
+    drawn = len(run.problems) <= CHARTED_PROBLEMS
+    if not drawn:
+        parts.append(f"<p class=muted>Charts per problem are drawn for runs of up to "
+                     f"{CHARTED_PROBLEMS} problems, so that this page stays quick to open; "
+                     "results.csv has every figure.</p>")
     for problem in run.problems:
         parts.append(_problem(run, problem,
-                              [s for s in run.submissions if s.problem == problem.name]))
+                              [s for s in run.submissions if s.problem == problem.name], drawn))
     parts.append(_histories(histories or {}))
     return ("<!doctype html><html lang=en><head><meta charset=utf-8>"
             f"<meta name=viewport content='width=device-width'><title>{escape(title)}</title>"
@@ -154,7 +161,8 @@ def _leaderboard(run: RunResult) -> str:
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
-def _problem(run: RunResult, problem: ProblemRun, subs: list[SubmissionResult]) -> str:
+def _problem(run: RunResult, problem: ProblemRun, subs: list[SubmissionResult],
+             drawn: bool) -> str:
     """One problem: notes, charts, each submission's sizes, and what failed and why."""
     out = [f"<h2 id='p-{escape(problem.name)}'>{escape(problem.name)}</h2>"]
     if problem.error:
@@ -163,8 +171,9 @@ def _problem(run: RunResult, problem: ProblemRun, subs: list[SubmissionResult]) 
         out.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in problem.notes) + "</ul>")
     device = str(run.environment.get("device_name", ""))
     out.append(_reference(problem))
-    out.append(_figure(charts.speedups(subs)))
-    out.append(_figure(charts.roofline(subs, problem, device, run.copy_gbps)))
+    if drawn:
+        out.append(_figure(charts.speedups(subs)))
+        out.append(_figure(charts.roofline(subs, problem, device, run.copy_gbps)))
     for sub in subs:
         out.append(_submission(sub))
     return "".join(out)

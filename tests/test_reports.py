@@ -186,3 +186,9 @@ def test_a_submission_graded_in_several_runs_gets_its_history_charted():
     page = html_report.page(_run(), {"relu_fast": rows, "relu_same": rows[:1]})
     assert page.count("<h2>History across stored runs</h2>") == 1
     assert page.count("<figure>") == 6  # one history: relu_same was graded once
+
+
+def test_a_run_over_many_problems_keeps_its_page_light(monkeypatch):
+    monkeypatch.setattr(html_report, "CHARTED_PROBLEMS", 2)
+    page = html_report.page(_run())  # three problems: fast_p alone is drawn
+    assert page.count("<figure>") == 1 and "drawn for runs of up to 2 problems" in page
