@@ -188,10 +188,11 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
                 args: argparse.Namespace) -> int:
     import torch
 
-    from kbench import grader, report
+    from kbench import grader
     from kbench.cases import CaseError
     from kbench.grading.options import Options, OptionsError
     from kbench.grading.run import plan_digest
+    from kbench.progress import Progress
     from kbench.store import StoreError
 
     settings = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch,
@@ -230,15 +231,14 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
     print(f"kbench {__version__}: {label}, {count} submission(s) against {len(plan)} "
           f"problem(s), device {device}, seed {seed}, timing "
           f"{'off' if not options.timed else options.timing.value}{resuming}", flush=True)
+    progress = Progress()
     try:
         run_id = grader.grade(label, plan, options, store, run_id=run_id, force=args.force,
-                              on_result=lambda r, i, n: print(report.progress_line(r, i, n),
-                                                              flush=True),
-                              say=lambda line: print(line, flush=True))
-    except StoreError as exc:
+                              on_result=progress.result, say=progress.say)
+    except (StoreError, CaseError) as exc:
         return _fail(str(exc))
-    except CaseError as exc:
-        return _fail(str(exc))
+    finally:
+        progress.close()
     return _render(store, run_id, out_dir, logs=True)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,8 +53,14 @@ def build_all(ctx: Context, watcher: Watcher, submissions: list[Submission],
     ignore = [ctx.logs] + [folder(ctx, s) for s in submissions]
     changed = watcher.watch([s.path for s in submissions], ignore)
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        built = dict(zip(submissions, pool.map(
-            lambda s: _build(ctx, s, parallel, environment_problem), submissions), strict=True))
+        futures = {pool.submit(_build, ctx, s, parallel, environment_problem): s
+                   for s in submissions}
+        built = {}
+        for future in as_completed(futures):  # a line as each ends: builds take minutes
+            sub = futures[future]
+            built[sub] = future.result()
+            ctx.say(f"{ctx.task.name}: {sub.name} {_outcome(built[sub])}")
+        built = {s: built[s] for s in submissions}
     if not changed():
         return built
     for sub in submissions:
@@ -63,6 +69,13 @@ def build_all(ctx: Context, watcher: Watcher, submissions: list[Submission],
         if lines := changed():
             built[sub] = Built(tampered("while building", lines), built[sub].seconds)
     return built
+
+
+def _outcome(built: Built) -> str:
+    if built.verdict is None:
+        return f"built in {built.seconds:.0f} s"
+    took = f" after {built.seconds:.0f} s" if built.seconds else ""
+    return f"not built{took}: {built.verdict.status.value}"
 
 
 def _build(ctx: Context, sub: Submission, parallel: int,
