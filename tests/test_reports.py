@@ -192,3 +192,10 @@ def test_a_run_over_many_problems_keeps_its_page_light(monkeypatch):
     monkeypatch.setattr(html_report, "CHARTED_PROBLEMS", 2)
     page = html_report.page(_run())  # three problems: fast_p alone is drawn
     assert page.count("<figure>") == 1 and "drawn for runs of up to 2 problems" in page
+
+
+def test_a_file_name_with_markup_is_text_in_tables_and_charts():
+    run = _run()
+    run.submissions[0] = replace(run.submissions[0], name="relu_<script>x()</script>")
+    page = html_report.page(run)
+    assert "<script>x()" not in page and page.count("&lt;script&gt;x()") >= 3  # table, h3, chart
