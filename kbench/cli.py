@@ -38,7 +38,13 @@ def _parser() -> argparse.ArgumentParser:
                                      "replace PyTorch modules (KernelBench format).")
     parser.add_argument("--version", action="version", version=f"kbench {__version__}")
     sub = parser.add_subparsers(title="commands")
+    _grade_parser(sub)
+    _results_parsers(sub)
+    _machine_parsers(sub)
+    return parser
 
+
+def _grade_parser(sub) -> None:
     grade = sub.add_parser("grade", help="build, check, time and rank submissions")
     grade.add_argument("paths", nargs="+", help="submission files, or folders of them (*.py)")
     grade.add_argument("--task", help="a task (name, YAML or KernelBench problem file) or a "
@@ -68,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
                        "result on this device and software is already stored")
     grade.set_defaults(handler=_grade)
 
+
+def _results_parsers(sub) -> None:
+    """Commands that read the results store."""
     show = sub.add_parser("report", help="render leaderboard.md and results.json again from "
                           "the results store, without grading")
     _out_option(show)
@@ -89,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     _out_option(history)
     history.set_defaults(handler=_history)
 
+
+def _machine_parsers(sub) -> None:
+    """Commands about the machine, its files and the problems it sees."""
     check = sub.add_parser("doctor", help="check that this machine can build and run "
                            "submissions: torch, nvcc, compilers, GPUs; each problem with its fix")
     check.add_argument("--device", choices=["cpu", "cuda"],
@@ -120,7 +132,6 @@ def _parser() -> argparse.ArgumentParser:
     new.add_argument("--dir", type=Path, default=None, help="where to write it (default: "
                      "kbench/submissions for a bundled task, else this folder)")
     new.set_defaults(handler=_new)
-    return parser
 
 
 def _out_option(parser: argparse.ArgumentParser) -> None:
@@ -278,21 +289,14 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from kbench.run_diff import DiffError, diff, load, render
+    from kbench.run_diff import DiffError, compare
 
-    store_dir = (args.out or paths.default_reports_dir()).resolve()
     try:
-        result = diff(load(args.before, store_dir), load(args.after, store_dir))
+        return compare(args.before, args.after,
+                       (args.out or paths.default_reports_dir()).resolve(),
+                       args.fail_on_regression)
     except DiffError as exc:
         return _fail(str(exc))
-    pct = args.fail_on_regression
-    print(render(result, pct or 0.0))
-    regressions = result.regressions(pct) if pct is not None else []
-    if regressions:
-        print(f"\n{len(regressions)} regression(s) beyond noise and {pct:g}%:")
-        print("\n".join(f"- {line}" for line in regressions))
-        return 1
-    return 0
 
 
 def _history(args: argparse.Namespace) -> int:

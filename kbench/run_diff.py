@@ -114,6 +114,18 @@ def diff(before: tuple[str, RunResult], after: tuple[str, RunResult]) -> Diff:
     return Diff(before[0], after[0], sizes, verdicts)
 
 
+def compare(before: str, after: str, store_dir: Path, fail_pct: float | None) -> int:
+    """`kbench compare`: print the diff; 1 if ``fail_pct`` is given and a regression beyond
+    it was found, else 0. Raises DiffError for a run that cannot be read."""
+    result = diff(load(before, store_dir), load(after, store_dir))
+    print(render(result, fail_pct or 0.0))
+    regressions = result.regressions(fail_pct) if fail_pct is not None else []
+    if regressions:
+        print(f"\n{len(regressions)} regression(s) beyond noise and {fail_pct:g}%:")
+        print("\n".join(f"- {line}" for line in regressions))
+    return 1 if regressions else 0
+
+
 def render(d: Diff, pct: float) -> str:
     lines = [f"before: {d.before}", f"after:  {d.after}", ""]
     if d.sizes:
