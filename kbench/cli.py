@@ -1,5 +1,5 @@
-"""Command line: ``kbench grade``, ``report``, ``history``, ``doctor``, ``prune``, ``list``,
-``new``.
+"""Command line: the parser, and ``report``, ``compare``, ``history``, ``doctor``, ``prune``,
+``list`` and ``new`` (``grade`` is kbench.grade_command).
 
 Exit status: 0 when grading ran, whatever the verdicts; 2 when kbench could not grade (bad
 arguments, a malformed task, no such files, no CUDA device for --device cuda).
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kbench import __version__, paths
+from kbench import __version__, grade_command, paths
+from kbench.grade_command import fail, render
 
 if TYPE_CHECKING:  # imported lazily at run time: `kbench --help` stays fast
     from kbench.store import Store
@@ -72,7 +72,7 @@ def _grade_parser(sub) -> None:
                        "run of this task in --out: same seed and options, only what is missing")
     grade.add_argument("--force", action="store_true", help="grade again even files whose "
                        "result on this device and software is already stored")
-    grade.set_defaults(handler=_grade)
+    grade.set_defaults(handler=grade_command.grade)
 
 
 def _results_parsers(sub) -> None:
@@ -144,127 +144,6 @@ def _cache_option(parser: argparse.ArgumentParser) -> None:
                         "$KBENCH_CACHE_DIR or ~/.cache/kbench)")
 
 
-def _fail(message: str) -> int:
-    print(f"kbench: {message}", file=sys.stderr)
-    return 2
-
-
-def _grade(args: argparse.Namespace) -> int:
-    from kbench.discovery import DiscoveryError, assign, find_files, find_problems
-    from kbench.store import Store, StoreError
-    from kbench.task import TaskError
-
-    if args.jobs < 1:
-        return _fail("--jobs must be at least 1")
-    out_dir = (args.out or paths.default_reports_dir()).resolve()
-    try:
-        label, problems = find_problems(args.task)
-        assigned, unmatched = assign(find_files(args.paths), problems, args.paths,
-                                     named=args.task is not None)
-        for line in unmatched:
-            print(f"note: {line}", flush=True)
-        if not assigned:
-            raise DiscoveryError("no submission goes with a problem: " + "; ".join(unmatched))
-        plan = _plan(assigned)
-        store = Store(out_dir)
-    except (DiscoveryError, TaskError, StoreError) as exc:
-        return _fail(str(exc))
-    label = plan[0].name if len(plan) == 1 else label
-    try:
-        return _grade_into(store, label, plan, out_dir, args)
-    finally:
-        store.close()  # and with it this process's claim on the run
-
-
-def _plan(assigned: dict) -> list:
-    """Each problem loaded once here (its analysis is kept for the run); a problem that
-    cannot be loaded stays in the plan to be reported, unless it is the only one: then
-    TaskError."""
-    from kbench.grading.run import Entry
-    from kbench.task import TaskError, load_task
-
-    plan = []
-    for problem, subs in assigned.items():
-        try:
-            task = load_task(str(problem.path), problem.name)
-        except TaskError:
-            if len(assigned) == 1:
-                raise
-            task = None
-        plan.append(Entry(problem.name, problem.path, task, subs))
-    return plan
-
-
-def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
-                args: argparse.Namespace) -> int:
-    import torch
-
-    from kbench import grader
-    from kbench.cases import CaseError
-    from kbench.grading.options import Options, OptionsError
-    from kbench.grading.run import plan_digest
-    from kbench.progress import Progress
-    from kbench.store import StoreError
-
-    settings = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch,
-                "timing": args.timing, "untimed": args.no_timing}
-    seed, run_id = args.seed, None
-    unfinished = store.unfinished_run(label)
-    if args.resume:
-        if unfinished is None:
-            return _fail(f"--resume: no interrupted run of {label} in {store.path}")
-        if unfinished.task_hash != plan_digest(plan):
-            return _fail(f"--resume: the problems of {label} changed since run "
-                         f"{unfinished.id} started; grade anew without --resume")
-        settings, seed, run_id = unfinished.options, unfinished.seed, unfinished.id
-        try:
-            store.claim(run_id)  # at once: a second --resume is refused before any work
-        except StoreError as exc:
-            return _fail(str(exc))
-    elif unfinished is not None and not store.claimed(unfinished.id):
-        print(f"note: run {unfinished.id} of {label} in {store.path} did not finish; "
-              "`kbench grade ... --resume` continues it", flush=True)
-    device = settings["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        return _fail("--device cuda: no CUDA device is visible to torch here")
-    seed = seed if seed is not None else secrets.randbits(31)
-    try:
-        options = Options(device=device, out_dir=out_dir, jobs=args.jobs, seed=seed,
-                          cache_dir=(args.cache_dir or paths.default_cache_dir()).resolve(),
-                          case_indices=settings["case_indices"],
-                          cuda_arch=settings["cuda_arch"],
-                          timing=settings.get("timing", "eager"),
-                          untimed=settings.get("untimed", False))
-    except OptionsError as exc:
-        return _fail(str(exc))
-    resuming = f", resuming run {run_id}" if run_id else ""
-    count = sum(len(e.submissions) for e in plan)
-    print(f"kbench {__version__}: {label}, {count} submission(s) against {len(plan)} "
-          f"problem(s), device {device}, seed {seed}, timing "
-          f"{'off' if not options.timed else options.timing.value}{resuming}", flush=True)
-    progress = Progress()
-    try:
-        run_id = grader.grade(label, plan, options, store, run_id=run_id, force=args.force,
-                              on_result=progress.result, say=progress.say)
-    except (StoreError, CaseError) as exc:
-        return _fail(str(exc))
-    finally:
-        progress.close()
-    return _render(store, run_id, out_dir, logs=True)
-
-
-def _render(store: Store, run_id: int, out_dir: Path, logs: bool = False) -> int:
-    from kbench import report
-
-    run = store.load_run(run_id)
-    histories = {sub.name: store.history(sub.name) for sub in run.submissions}
-    board, data = report.write(run, out_dir, histories)
-    print()
-    print(report.leaderboard(run))
-    print(f"wrote {board} and {data}" + (f"; logs in {out_dir / 'logs'}" if logs else ""))
-    return 0
-
-
 def _open_store(out: Path | None) -> tuple[Store, Path]:
     """The results store in ``out``; it must exist already (these commands never grade)."""
     from kbench.store import FILENAME, Store
@@ -282,10 +161,10 @@ def _report(args: argparse.Namespace) -> int:
         store, out_dir = _open_store(args.out)
         run_id = args.run_id or store.latest_run_id()
         if run_id is None:
-            return _fail(f"{store.path}: no runs stored yet")
-        return _render(store, run_id, out_dir)
+            return fail(f"{store.path}: no runs stored yet")
+        return render(store, run_id, out_dir)
     except (StoreError, FileNotFoundError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -296,7 +175,7 @@ def _compare(args: argparse.Namespace) -> int:
                        (args.out or paths.default_reports_dir()).resolve(),
                        args.fail_on_regression)
     except DiffError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
 
 
 def _history(args: argparse.Namespace) -> int:
@@ -307,10 +186,10 @@ def _history(args: argparse.Namespace) -> int:
     try:
         store, _ = _open_store(args.out)
     except (StoreError, FileNotFoundError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     rows = store.history(args.name)
     if not rows:
-        return _fail(f"no stored results for {args.name} in {store.path}")
+        return fail(f"no stored results for {args.name} in {store.path}")
     print(tabulate([[r["run"], r["when"], r["where"], r["kbench"], r["sha256"][:12], r["status"],
                      f"{r['speedup']:.3f}x" if r["speedup"] else "-",
                      f"run {r['reused_from']}" if r["reused_from"] else ""] for r in rows],
@@ -326,7 +205,7 @@ def _list(args: argparse.Namespace) -> int:
     try:
         _, problems = find_problems(args.task)
     except (DiscoveryError, TaskError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     where = paths.tasks_dir() if args.task is None else Path(args.task)
     print(f"problems in {where} ({len(problems)}):")
     for problem in problems:
@@ -360,7 +239,7 @@ def _new(args: argparse.Namespace) -> int:
         folder = args.dir or (paths.submissions_dir() if bundled else Path.cwd())
         path = scaffold.create(task, args.name, folder)
     except (TaskError, ValueError, FileExistsError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     where = "" if bundled else f" --task {args.task}"
     print(f"wrote {path}; fill in the kernel, then: kbench grade {path}{where}")
     return 0
@@ -396,11 +275,11 @@ def _prune(args: argparse.Namespace) -> int:
     from kbench.store import StoreError
 
     if args.keep < 0:
-        return _fail("--keep must be 0 or more")
+        return fail("--keep must be 0 or more")
     try:
         store, out_dir = _open_store(args.out)
     except (StoreError, FileNotFoundError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     cache = (args.cache_dir or paths.default_cache_dir()).resolve()
     print(housekeeping.prune(store, out_dir, cache, args.keep))
     return 0
