@@ -55,8 +55,7 @@ def _row(run: RunResult, sub: SubmissionResult, b: Benchmark | None) -> dict:
     row.update({"size": ";".join(f"{k}={v}" for k, v in b.params.items()), "dtype": b.dtype,
                 "size_speedup": b.speedup, **_bounds("size_speedup", b.speedup_ci),
                 "size_compile_speedup": b.compile_speedup,
-                "size_compile_low": (b.compile_speedup_ci or [None, None])[0],
-                "size_compile_high": (b.compile_speedup_ci or [None, None])[1],
+                **_bounds("size_compile", b.compile_speedup_ci),
                 "reference_ms": b.reference.ms if b.reference else None,
                 "skipped": b.skipped})
     if m is not None:

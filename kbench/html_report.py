@@ -9,6 +9,7 @@ from html import escape
 from pathlib import Path
 
 from kbench import charts
+from kbench.report import ms_text
 from kbench.results import Benchmark, ProblemRun, RunResult, SubmissionResult
 from kbench.summary import THRESHOLDS, summarise
 from kbench.verdict import Status
@@ -208,7 +209,7 @@ def _logs(paths: list[str]) -> str:
 def _reference(problem: ProblemRun) -> str:
     rows = "".join(
         f"<tr><td>{escape(_params(b))}</td><td>{escape(b.dtype)}</td>"
-        f"<td class=num>{_ms(b.reference)}</td><td class=num>{_ms(b.compiled)}</td>"
+        f"<td class=num>{ms_text(b.reference)}</td><td class=num>{ms_text(b.compiled)}</td>"
         f"<td class=num>{b.reference.gbps or 0:.0f}</td><td>{escape(b.drift or b.skipped or '')}"
         "</td></tr>" for b in problem.reference if b.reference is not None)
     return ("<table><tr><th>reference: size</th><th>dtype</th><th>eager median</th><th>"
@@ -216,15 +217,11 @@ def _reference(problem: ProblemRun) -> str:
             if rows else "")
 
 
-def _ms(m) -> str:
-    return f"{m.ms:.4g} ms" if m is not None else "-"
-
-
 def _size_row(b: Benchmark) -> str:
     if b.skipped:
         return (f"<tr><td>{escape(_params(b))}</td><td>{escape(b.dtype)}</td>"
                 f"<td colspan=5>skipped: {escape(b.skipped)}</td></tr>")
-    ms, ref = _ms(b.candidate), _ms(b.reference)
+    ms, ref = ms_text(b.candidate), ms_text(b.reference)
     gbps = f"{b.candidate.gbps:.0f}" if b.candidate and b.candidate.gbps else "-"
     return (f"<tr><td>{escape(_params(b))}</td><td>{escape(b.dtype)}</td>"
             f"<td class=num>{_x(b.speedup, b.speedup_ci)}</td>"

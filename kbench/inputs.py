@@ -75,9 +75,9 @@ class _Layout:
                 todo += deps.get(name, ())
         self.sizes: list[str] = []
         for name, _ in self.assigned:
-            value = getattr(module, name, None)
             if name not in closure:
                 continue
+            value = getattr(module, name, None)
             if type(value) is int:
                 self.sizes.append(name)
             elif type(value) in (list, tuple) and value and not deps[name] \
@@ -166,14 +166,11 @@ def mirror(module: ModuleType, params: dict[str, int]) -> None:
     bind(module, params)
     own = set(size_names(module))
     for name, value in params.items():
-        base, index = _split(name)
-        current = getattr(module, base, None)
-        if index is None:
-            fits = type(current) is int
-        else:
-            fits = type(current) in (list, tuple) and index < len(current) \
-                and type(current[index]) is int
-        if fits and name not in own:
+        try:
+            current = _get(module, name)
+        except (AttributeError, IndexError, TypeError):  # not defined there, or not a list
+            continue
+        if name not in own and type(current) is int:
             _set(module, name, value)
 
 

@@ -55,7 +55,7 @@ def _shape(b: Benchmark) -> str:
     return params_text(b.params)
 
 
-def _ms(m: Measurement | None) -> str:
+def ms_text(m: Measurement | None) -> str:
     return f"{m.ms:.4g} ms" if m is not None else "-"
 
 
@@ -230,9 +230,9 @@ def _device(run: RunResult) -> str:
 def _reference_table(problem: ProblemRun, copy_gbps: float | None, device: str,
                      shape_name: Callable[[Benchmark], str]) -> str:
     rows = [[shape_name(b), b.dtype,
-             f"{_ms(b.reference)} ({_interval(b.reference and b.reference.ci)})",
+             f"{ms_text(b.reference)} ({_interval(b.reference and b.reference.ci)})",
              b.reference.samples if b.reference else 0,
-             _bandwidth(b.reference, copy_gbps, b, device), _ms(b.compiled),
+             _bandwidth(b.reference, copy_gbps, b, device), ms_text(b.compiled),
              _clocks(b.reference), b.skipped or (f"drifted: {b.drift}" if b.drift else "")]
             for b in problem.reference]
     headers = ["shape", "dtype", "median (95% interval)", "samples", "achieved",
@@ -260,7 +260,7 @@ def _sizes_table(run: RunResult, subs: list[SubmissionResult],
     """Each ranked submission's figures per benchmark size, a row each."""
     ranked = sorted([s for s in subs if s.status is Status.OK], key=lambda s: -(s.speedup or 0))
     device = _device(run)
-    rows = [[sub.name, shape_name(b), _speedup(b.speedup, b.speedup_ci), _ms(b.candidate),
+    rows = [[sub.name, shape_name(b), _speedup(b.speedup, b.speedup_ci), ms_text(b.candidate),
              _bandwidth(b.candidate, run.copy_gbps, b, device)] if b.speedup else
             [sub.name, shape_name(b), f"skipped: {_one_line(b.skipped or '', _SHORT)}", "", ""]
             for sub in ranked for b in sub.benchmarks]
