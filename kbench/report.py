@@ -242,9 +242,14 @@ def _reference_table(problem: ProblemRun, copy_gbps: float | None, device: str,
     return tabulate(rows, headers=headers, tablefmt="github")
 
 
+def _ranked(subs: list[SubmissionResult]) -> list[SubmissionResult]:
+    """The correct submissions, fastest first."""
+    return sorted([s for s in subs if s.status is Status.OK], key=lambda s: -(s.speedup or 0))
+
+
 def _ranked_table(run: RunResult, subs: list[SubmissionResult], problem: ProblemRun,
                   shape_name: Callable[[Benchmark], str]) -> str:
-    ranked = sorted([s for s in subs if s.status is Status.OK], key=lambda s: -(s.speedup or 0))
+    ranked = _ranked(subs)
     if not ranked:
         return "No submission passed every correctness case."
     return tabulate([[rank, sub.name, _speedup(sub.speedup, sub.speedup_ci),
@@ -258,7 +263,7 @@ def _ranked_table(run: RunResult, subs: list[SubmissionResult], problem: Problem
 def _sizes_table(run: RunResult, subs: list[SubmissionResult],
                  shape_name: Callable[[Benchmark], str]) -> str:
     """Each ranked submission's figures per benchmark size, a row each."""
-    ranked = sorted([s for s in subs if s.status is Status.OK], key=lambda s: -(s.speedup or 0))
+    ranked = _ranked(subs)
     device = _device(run)
     rows = [[sub.name, shape_name(b), _speedup(b.speedup, b.speedup_ci), ms_text(b.candidate),
              _bandwidth(b.candidate, run.copy_gbps, b, device)] if b.speedup else
