@@ -72,6 +72,15 @@ def _grade_parser(sub) -> None:
                        "run of this task in --out: same seed and options, only what is missing")
     grade.add_argument("--force", action="store_true", help="grade again even files whose "
                        "result on this device and software is already stored")
+    grade.add_argument("--gpus", help="GPUs to grade on, one evaluation slot each, e.g. 0,3 "
+                       "(default: every visible GPU)")
+    grade.add_argument("--slots", type=int, default=1, help="evaluation slots with --device "
+                       "cpu (default: 1)")
+    grade.add_argument("--executor", choices=["local", "ray"], default="local",
+                       help="local: this host's slots (default); ray: a Ray cluster, one GPU "
+                       "(or CPU) per unit of work")
+    grade.add_argument("--address", help="with --executor ray: the cluster's address (default: "
+                       "$RAY_ADDRESS, else a Ray instance started on this host)")
     grade.set_defaults(handler=grade_command.grade)
 
 

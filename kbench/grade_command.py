@@ -118,8 +118,11 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
     progress = Progress()
     try:
         run_id = grader.grade(label, plan, options, store, run_id=run_id, force=args.force,
-                              on_result=progress.result, say=progress.say)
-    except (StoreError, CaseError) as exc:
+                              on_result=progress.result, say=progress.say,
+                              placement=grader.Placement(
+                                  args.executor, args.gpus.split(",") if args.gpus else None,
+                                  args.slots, args.address))
+    except (StoreError, CaseError, OptionsError) as exc:
         return fail(str(exc))
     finally:
         progress.close()

@@ -14,12 +14,12 @@ from kbench.results import SubmissionResult
 
 
 class Progress:
-    def __init__(self, stream: TextIO = sys.stdout) -> None:
-        self.stream = stream
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stdout  # as it is now, not at import
         self.counts: Counter[str] = Counter()
         self.start = time.monotonic()
         self.bar = None
-        self.terminal = stream.isatty()
+        self.terminal = self.stream.isatty()
 
     def say(self, line: str) -> None:
         if self.bar is not None:

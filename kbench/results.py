@@ -98,6 +98,11 @@ class SubmissionResult:
         data["status"] = self.status.value
         return data
 
+    @classmethod
+    def from_dict(cls, data: dict) -> SubmissionResult:
+        return cls(**{**data, "status": Status(data["status"]), "benchmarks": [
+            Benchmark.from_dict(b) for b in data.get("benchmarks", [])]})
+
 
 @dataclass
 class ProblemRun:
@@ -111,6 +116,9 @@ class ProblemRun:
     notes: list[str] = field(default_factory=list)
     reference: list[Benchmark] = field(default_factory=list)
     copy_gbps: float | None = None  # device-to-device copy, measured in the same run
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> ProblemRun:
@@ -148,12 +156,9 @@ class RunResult:
             ProblemRun(data["task"], "", "", notes=list(data.get("notes", [])),
                        reference=[Benchmark.from_dict(b) for b in data.get("reference", [])],
                        copy_gbps=data.get("copy_gbps"))]
-        subs = []
-        for raw in data["submissions"]:
-            raw = {**raw, "status": Status(raw["status"]),
-                   "benchmarks": [Benchmark.from_dict(b) for b in raw.get("benchmarks", [])]}
-            raw.setdefault("problem", problems[0].name if len(problems) == 1 else "")
-            subs.append(SubmissionResult(**raw))
+        only = problems[0].name if len(problems) == 1 else ""
+        subs = [SubmissionResult.from_dict({"problem": only, **raw})
+                for raw in data["submissions"]]
         own = {n for p in problems for n in p.notes}  # to_dict adds a single problem's
         notes = [n for n in data.get("notes", []) if n not in own]
         return cls(data["kbench_version"], data["task"], data["seed"], data["started"],
@@ -173,6 +178,6 @@ class RunResult:
             "timing_mode": self.timing_mode,
             "notes": self.notes + (single.notes if single else []),
             "reference": [asdict(b) for b in single.reference] if single else [],
-            "problems": [asdict(p) for p in self.problems],
+            "problems": [p.to_dict() for p in self.problems],
             "submissions": [s.to_dict() for s in self.submissions],
         }

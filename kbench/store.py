@@ -14,12 +14,12 @@ import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from kbench.guard import Presence
-from kbench.results import Benchmark, ProblemRun, RunResult, SubmissionResult
+from kbench.results import ProblemRun, RunResult, SubmissionResult
 from kbench.verdict import Status
 
 FILENAME = "kbench.sqlite3"
@@ -229,7 +229,7 @@ class Store:
         with self._write():
             self.db.execute("INSERT OR REPLACE INTO problems (run_id, name, digest, data) "
                             "VALUES (?, ?, ?, ?)", (run_id, problem.name, problem.digest,
-                                                    json.dumps(asdict(problem))))
+                                                    json.dumps(problem.to_dict())))
 
     def finish_run(self, run_id: int) -> None:
         with self._write():
@@ -251,11 +251,13 @@ class Store:
 
     def graded_names(self, run_id: int) -> set[str]:
         """Submissions of the run that need no grading again: all but those the machine could
-        not grade (environment_error) or whose problem failed (task_error), which a resume on
-        a mended machine, or with a mended problem, grades again."""
+        not grade (environment_error, infrastructure_error) or whose problem failed
+        (task_error), which a resume on a mended machine, or with a mended problem, grades
+        again."""
         rows = self.db.execute("SELECT name FROM results WHERE run_id = ? AND status NOT IN "
-                               "(?, ?)", (run_id, Status.ENVIRONMENT_ERROR.value,
-                                          Status.TASK_ERROR.value))
+                               "(?, ?, ?)", (run_id, Status.ENVIRONMENT_ERROR.value,
+                                             Status.INFRASTRUCTURE_ERROR.value,
+                                             Status.TASK_ERROR.value))
         return {r[0] for r in rows}
 
     def set_problems(self, run_id: int, problems: list[str]) -> None:
@@ -270,23 +272,24 @@ class Store:
         software and timing mode, if any.
 
         Results that kbench, the machine or the problem failed to produce (internal_error,
-        environment_error, task_error) are never reused, nor correct ones left without a
+        environment_error, infrastructure_error, task_error) are never reused, nor correct ones left without a
         speedup (the reference could not be timed alongside), nor untimed runs' results.
         """
         row = self.db.execute(
             "SELECT r.run_id, r.data FROM results r JOIN runs u ON u.id = r.run_id "
             "JOIN problems p ON p.run_id = r.run_id AND p.name = r.problem "
             "WHERE r.sha256 = ? AND p.digest = ? AND u.kbench_version = ? "
-            "AND u.fingerprint = ? AND r.status NOT IN (?, ?, ?) AND r.reused_from IS NULL "
+            "AND u.fingerprint = ? AND r.status NOT IN (?, ?, ?, ?) AND r.reused_from IS NULL "
             "AND NOT (r.status = 'ok' AND r.speedup IS NULL) "
             "AND json_extract(u.options, '$.case_indices') IS NULL "
             "AND NOT coalesce(json_extract(u.options, '$.untimed'), 0) "
             "AND json_extract(u.options, '$.timing') = ? "
             "ORDER BY r.run_id DESC LIMIT 1",
             (sha256, task_hash, kbench_version, fingerprint, Status.INTERNAL_ERROR.value,
-             Status.ENVIRONMENT_ERROR.value, Status.TASK_ERROR.value, timing)
+             Status.ENVIRONMENT_ERROR.value, Status.INFRASTRUCTURE_ERROR.value,
+             Status.TASK_ERROR.value, timing)
         ).fetchone()
-        return (row[0], _result(json.loads(row[1]))) if row else None
+        return (row[0], SubmissionResult.from_dict(json.loads(row[1]))) if row else None
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -296,7 +299,7 @@ class Store:
             "FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise StoreError(f"{self.path}: no run {run_id}")
-        subs = [_result(json.loads(r[0])) for r in self.db.execute(
+        subs = [SubmissionResult.from_dict(json.loads(r[0])) for r in self.db.execute(
             "SELECT data FROM results WHERE run_id = ? ORDER BY problem, name", (run_id,))]
         problems = [ProblemRun.from_dict(json.loads(r[0])) for r in self.db.execute(
             "SELECT data FROM problems WHERE run_id = ? ORDER BY name", (run_id,))]
@@ -341,9 +344,3 @@ class Store:
                  "sha256": r[4], "status": r[5], "speedup": r[6], "reused_from": r[7],
                  "task": r[8]} for r in rows]
 
-
-def _result(data: dict) -> SubmissionResult:
-    data = dict(data)
-    data["status"] = Status(data["status"])
-    data["benchmarks"] = [Benchmark.from_dict(b) for b in data.get("benchmarks", [])]
-    return SubmissionResult(**data)

@@ -32,6 +32,9 @@ class Status(str, Enum):
     # once per problem in the report; not the submission's fault.
     TASK_ERROR = "task_error"
     INTERNAL_ERROR = "internal_error"  # kbench itself failed; not the submission's fault
+    # The slot grading it was lost (a cluster node gone, a slot process killed) and retries
+    # ran out: never the submission's fault, and graded again by --resume.
+    INFRASTRUCTURE_ERROR = "infrastructure_error"
 
 
 @dataclass(frozen=True)

@@ -59,5 +59,17 @@ def grade(args: list[str], out: Path, cache: Path) -> tuple[int, dict | None]:
     return code, (json.loads(results.read_text()) if results.exists() else None)
 
 
+# The KernelBench-format fixture problems and their candidates, graded on CPU (test_problems
+# checks each verdict; test_slots the same run on several slots and on Ray).
+PROBLEM_SET_ARGS = [str(FIXTURES / "problem_subs"), "--task", str(FIXTURES / "problems"),
+                    "--device", "cpu", "--no-timing", "--jobs", "2", "--seed", "7"]
+
+
+@pytest.fixture(scope="session")
+def problem_set_run(tmp_path_factory, cache_dir) -> tuple[int, dict | None]:
+    """The fixture problem set graded in one local slot."""
+    return grade(PROBLEM_SET_ARGS, tmp_path_factory.mktemp("problems") / "reports", cache_dir)
+
+
 def by_name(results: dict) -> dict[str, dict]:
     return {s["name"]: s for s in results["submissions"]}

@@ -36,12 +36,8 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, cache_dir):
-    out = tmp_path_factory.mktemp("problems") / "reports"
-    code, results = grade([str(FIXTURES / "problem_subs"), "--task", str(PROBLEMS),
-                           "--device", "cpu", "--no-timing", "--jobs", "2", "--seed", "7"],
-                          out, cache_dir)
-    return code, results
+def run(problem_set_run):
+    return problem_set_run
 
 
 @pytest.mark.parametrize("name, status, words", [(n, s, w) for n, (s, w) in EXPECTED.items()])

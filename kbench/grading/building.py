@@ -38,7 +38,7 @@ def env(ctx: Context, sub: Submission, parallel: int = 1) -> dict[str, str]:
     path = folder(ctx, sub)
     path.mkdir(parents=True, exist_ok=True)
     os.utime(path)
-    cores = max(1, (psutil.cpu_count() or 1) // parallel)
+    cores = max(1, (ctx.options.cores or psutil.cpu_count() or 1) // parallel)
     backend = backends.for_source(sub.path.read_text(errors="replace"))
     return child_env(backend.env(ctx.toolchain, path, cores))
 

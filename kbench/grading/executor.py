@@ -64,6 +64,9 @@ class Sink(Protocol):
 
 
 class Executor(Protocol):
+    def watch_store(self, presence: Presence) -> None:
+        """The store's folder, shared with the process that writes it."""
+
     def environment(self) -> dict:
         """The machine the jobs run on, with ``problems`` (kbench.doctor) in it."""
 
@@ -81,10 +84,16 @@ class LocalExecutor:
         self.watcher = Watcher(options)
         self.environment_problem: str | None = None
         self.copy_gbps: float | None = None  # measured once per run, by the first pool
+        self.note_unwatched = True  # say at the end how often shared folders went unchecked
 
     def watch_store(self, presence: Presence) -> None:
         """The store's folder counts as shared with other kbench processes too."""
         self.watcher.add_presence(presence)
+
+    def watch_out_dir(self) -> None:
+        """The same, in a slot process (kbench.grading.units): the output folder is shared
+        with the driver, which writes the store, and with the other slots."""
+        self.watcher.add_presence(Presence(self.options.out_dir))
 
     def environment(self) -> dict:
         """The machine, as recorded with the run, with what kbench.doctor found wrong. A
@@ -108,7 +117,7 @@ class LocalExecutor:
             ctx = self._problem(task_path, name, group, sink)
             if ctx is not None:
                 self._grade(ctx, [job.submission() for job in group], sink)
-        if self.watcher.unwatched:
+        if self.watcher.unwatched and self.note_unwatched:
             self.say(f"note: other kbench processes used {self.options.out_dir} or the build "
                      f"cache in {self.watcher.unwatched} of this run's watch windows; writes "
                      "there by the submissions then running could not be told from theirs "

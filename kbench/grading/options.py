@@ -32,6 +32,7 @@ class Options:
     cuda_arch: str | None = None
     timing: TimingMode = TimingMode.EAGER
     untimed: bool = False  # correctness only (--no-timing)
+    cores: int | None = None  # host cores this process's builds share (None: all of them)
 
     def __post_init__(self) -> None:
         try:
@@ -46,6 +47,8 @@ class Options:
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))
         if self.jobs < 1:
             raise OptionsError(f"--jobs {self.jobs}: expected at least 1")
+        if self.cores is not None and self.cores < 1:
+            raise OptionsError(f"cores {self.cores}: expected at least 1")
         if self.timing is TimingMode.GRAPH and self.device is not Device.CUDA:
             raise OptionsError("--timing graph: CUDA graphs need --device cuda")
 

@@ -1,0 +1,166 @@
+"""Every GPU of a host: one evaluation slot per device, each a process of kbench's own (trusted)
+that sees only its GPU (``CUDA_VISIBLE_DEVICES``), screens its problems, times its own
+reference workers and drift check there, and builds with its share of the host's cores. The
+driver hands out units (kbench.grading.units) as slots come free and alone writes the store.
+
+A slot process reads one unit per line on stdin and writes one event per line on stdout,
+ending each unit with ``{"done": true}``; whatever else it prints goes to stderr."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+
+import psutil
+
+from kbench.grading import units
+from kbench.grading.context import Say
+from kbench.grading.executor import Job, LocalExecutor, Sink
+from kbench.grading.options import Device, Options, OptionsError
+
+_RETRIES = 1  # a unit whose slot died is given to a slot once more, then infrastructure_error
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    name: str  # "gpu 3", "cpu 1": how lines and reasons name it
+    gpu: str | None  # what CUDA_VISIBLE_DEVICES says in its processes; None for a CPU slot
+
+
+def specs(device: Device, gpus: list[str] | None, cpu_slots: int) -> list[SlotSpec]:
+    """The slots a run uses: the GPUs named (as torch numbers the visible ones), else every
+    visible one; ``cpu_slots`` on CPU. OptionsError for a GPU that is not there."""
+    if device is Device.CPU:
+        if gpus is not None:
+            raise OptionsError("--gpus: grading on CPU (use --slots for CPU slots)")
+        return [SlotSpec(f"cpu {i}", None) for i in range(cpu_slots)]
+    import torch
+
+    count = torch.cuda.device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")][:count] if visible else \
+        [str(i) for i in range(count)]
+    chosen = range(count) if gpus is None else gpus
+    wrong = [g for g in chosen if not str(g).isdigit() or int(g) >= count]
+    if wrong or not chosen:
+        raise OptionsError(f"--gpus {','.join(map(str, chosen))}: expected GPU numbers "
+                           f"from 0 to {count - 1}, comma-separated")
+    return [SlotSpec(f"gpu {g}", ids[int(g)]) for g in dict.fromkeys(map(str, chosen))]
+
+
+class SlotsExecutor:
+    """Several slots on this host, fed from one queue of units."""
+
+    def __init__(self, options: Options, slots: list[SlotSpec], say: Say = lambda line: None
+                 ) -> None:
+        self.options, self.slots, self.say = options, slots, say
+        self.local = LocalExecutor(options, say)  # the machine's description and checks
+
+    def watch_store(self, presence: object) -> None:
+        """The store's presence is held by this process; the slots hold their own."""
+
+    def environment(self) -> dict:
+        env = self.local.environment()
+        env["slots"] = [s.name for s in self.slots]
+        return env
+
+    def run(self, jobs: list[Job], sink: Sink) -> None:
+        cores = max(1, (psutil.cpu_count() or 1) // len(self.slots))
+        work: queue.Queue[tuple[units.Unit, int]] = queue.Queue()
+        for unit in units.split(jobs, len(self.slots), self.local.environment_problem, cores):
+            work.put((unit, 0))
+        self.say(f"grading on {len(self.slots)} slot(s): {', '.join(s.name for s in self.slots)}"
+                 f"; {work.qsize()} unit(s), builds with {cores} core(s) per slot")
+        outbox: queue.Queue[tuple[str, units.Event | None]] = queue.Queue()
+        for slot in self.slots:
+            threading.Thread(target=self._serve, args=(slot, work, outbox), daemon=True).start()
+        running = len(self.slots)
+        while running:  # this thread alone passes events on: the store has one writer
+            where, event = outbox.get()
+            if event is None:
+                running -= 1
+            else:
+                units.deliver(event, sink, self.say, where)
+        self.say("note: the slots shared the output folder and the build cache, so writes "
+                 "there could not be told from a submission's and went unchecked (kbench's "
+                 "code, the problems and each submission's own file stayed watched)")
+
+    def _serve(self, slot: SlotSpec, work: queue.Queue, outbox: queue.Queue) -> None:
+        """One slot: units from the queue until it is empty, through one process kept for
+        as long as it lives; its events into ``outbox``, then None."""
+        process: subprocess.Popen | None = None
+        try:
+            while True:
+                try:
+                    unit, tries = work.get_nowait()
+                except queue.Empty:
+                    break
+                if process is None or process.poll() is not None:
+                    process = _start(slot)
+                left = self._unit(process, unit, outbox, slot)
+                if not left:
+                    continue
+                process.kill()
+                why = f"its slot ({slot.name}) process ended (exit status {process.wait()})"
+                if tries < _RETRIES:
+                    outbox.put((slot.name, {"say": f"lost {len(left)} job(s): {why}; queued "
+                                                   "again"}))
+                    work.put((units.Unit(left, unit.environment_problem, unit.cores), tries + 1))
+                else:
+                    for result in units.lost(left, why):
+                        outbox.put((slot.name, {"result": result.to_dict()}))
+        finally:
+            if process is not None:
+                process.stdin.close()
+                process.wait()
+            outbox.put((slot.name, None))
+
+    @staticmethod
+    def _unit(process: subprocess.Popen, unit: units.Unit, outbox: queue.Queue,
+              slot: SlotSpec) -> list[Job]:
+        """Send ``unit``, pass its events on; the jobs left without a result."""
+        left = {job.name: job for job in unit.jobs}
+        try:
+            process.stdin.write(json.dumps(unit.to_dict()) + "\n")
+            process.stdin.flush()
+            for line in process.stdout:
+                event = json.loads(line)
+                if event.get("done"):
+                    break
+                if "result" in event:
+                    left.pop(event["result"]["name"], None)
+                outbox.put((slot.name, event))
+        except (OSError, ValueError):  # the process went, or its stream broke
+            pass
+        return list(left.values())
+
+
+def _start(slot: SlotSpec) -> subprocess.Popen:
+    env = dict(os.environ)
+    if slot.gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = slot.gpu
+    return subprocess.Popen([sys.executable, "-m", "kbench.grading.slots"], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=1)
+
+
+def main() -> None:
+    """A slot process: units in, events out, on the one stream the driver reads."""
+    events = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # nothing else may write to the events' stream
+    sys.stdout = sys.stderr
+
+    def emit(event: units.Event) -> None:
+        events.write(json.dumps(event) + "\n")
+
+    for line in sys.stdin:
+        units.run(units.Unit.from_dict(json.loads(line)), emit)
+        emit({"done": True})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Units of work for evaluation slots (kbench.grading.slots on one host, kbench.grading.cluster
+on Ray): jobs cut into units that travel as plain data, graded where they land by a
+LocalExecutor, and their events (problems, results, lines to say) carried back to the one
+process that writes the store."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kbench.grading.executor import Job, LocalExecutor, Sink
+from kbench.grading.options import Options
+from kbench.results import ProblemRun, SubmissionResult
+from kbench.verdict import Status
+
+Event = dict  # {"problem": ProblemRun dict} | {"result": SubmissionResult dict} | {"say": str}
+Emit = Callable[[Event], None]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Submissions of one problem, graded together on one slot: the problem is screened and
+    its reference timed there, and their speedups divide timings from that slot's device."""
+
+    jobs: list[Job]
+    environment_problem: str | None  # what kbench.doctor found on the driver's machine
+    cores: int | None  # host cores the unit's builds share
+
+    def to_dict(self) -> dict:
+        return {"jobs": [j.to_dict() for j in self.jobs],
+                "environment_problem": self.environment_problem, "cores": self.cores}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Unit:
+        return cls([Job.from_dict(j) for j in data["jobs"]], data["environment_problem"],
+                   data["cores"])
+
+    def options(self) -> Options:
+        return Options.from_dict({**self.jobs[0].options, "cores": self.cores})
+
+
+def split(jobs: list[Job], slots: int, environment_problem: str | None,
+          cores: int | None) -> list[Unit]:
+    """Whole problems while there are enough to keep ``slots`` busy; else each problem's
+    submissions in as many pieces as there are slots per problem (every piece pays for
+    screening and timing the reference once, so pieces stay as large as the slots allow)."""
+    groups: dict[tuple[str, str], list[Job]] = {}
+    for job in jobs:
+        groups.setdefault((job.task, job.problem), []).append(job)
+    pieces = max(1, math.ceil(slots / max(1, len(groups))))
+    units = []
+    for group in groups.values():
+        size = math.ceil(len(group) / min(pieces, len(group)))
+        units += [Unit(group[i:i + size], environment_problem, cores)
+                  for i in range(0, len(group), size)]
+    return units
+
+
+class EventSink:
+    """A Sink that turns what a LocalExecutor hands back into events."""
+
+    def __init__(self, emit: Emit) -> None:
+        self.emit = emit
+
+    def problem(self, problem: ProblemRun) -> None:
+        self.emit({"problem": problem.to_dict()})
+
+    def result(self, result: SubmissionResult) -> None:
+        self.emit({"result": result.to_dict()})
+
+
+_executors: dict[str, LocalExecutor] = {}  # one per options in a slot process (toolchain found once)
+
+
+def run(unit: Unit, emit: Emit) -> None:
+    """Grade ``unit`` in this process, on the device it sees, every event to ``emit``."""
+    options = unit.options()
+    key = repr(options)
+    if key not in _executors:
+        executor = LocalExecutor(options, lambda line: emit({"say": line}))
+        executor.note_unwatched = False  # the driver says it once for all slots
+        executor.watch_out_dir()
+        _executors[key] = executor
+    executor = _executors[key]
+    executor.environment_problem = unit.environment_problem
+    executor.run(unit.jobs, EventSink(emit))
+
+
+def deliver(event: Event, sink: Sink, say: Callable[[str], None], where: str) -> str | None:
+    """Pass one event on; the name of the submission it gave a result for, if any."""
+    if "result" in event:
+        result = SubmissionResult.from_dict(event["result"])
+        sink.result(result)
+        return result.name
+    if "problem" in event:
+        sink.problem(ProblemRun.from_dict(event["problem"]))
+    elif "say" in event:
+        say(f"[{where}] {event['say']}")
+    return None
+
+
+def lost(jobs: list[Job], why: str) -> list[SubmissionResult]:
+    """What the jobs whose slot was lost for good get: infrastructure_error, never a guess."""
+    return [SubmissionResult(name=j.name, path=j.path, sha256=j.sha256,
+                             status=Status.INFRASTRUCTURE_ERROR, problem=j.problem,
+                             reason=f"not graded: {why}; `kbench grade --resume` grades it "
+                                    "again") for j in jobs]

@@ -1,0 +1,94 @@
+"""Several evaluation slots, on this host and on Ray: the same verdicts as one local slot on the
+same seed, even when a slot's process is killed mid-run (its unit is graded again)."""
+
+import threading
+import time
+
+import psutil
+import pytest
+from conftest import PROBLEM_SET_ARGS, grade
+
+from kbench.grading import units
+from kbench.grading.executor import Job
+from kbench.grading.slots import specs
+from kbench.grading.options import Device, OptionsError
+
+
+def _verdicts(results: dict) -> dict[str, tuple]:
+    return {s["name"]: (s["problem"], s["status"], s["reason"], s["cases_passed"])
+            for s in results["submissions"]}
+
+
+def _kill_busy(pattern: str, killed: list[str], timeout_s: float = 120) -> None:
+    """Kill -9 the first process below this one whose command line has ``pattern`` and that
+    has a child of its own (a worker: it is grading)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                if pattern in " ".join(proc.cmdline()) and proc.children():
+                    proc.kill()
+                    killed.append(f"{proc.pid}: {' '.join(proc.cmdline())}")
+                    return
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+
+
+def _graded_while_killing(pattern: str, args: list[str], out, cache_dir) -> tuple[dict, list]:
+    killed: list[str] = []
+    killer = threading.Thread(target=_kill_busy, args=(pattern, killed), daemon=True)
+    killer.start()
+    code, results = grade(PROBLEM_SET_ARGS + args, out, cache_dir)
+    killer.join()
+    assert code == 0
+    return results, killed
+
+
+def test_several_slots_with_one_killed_give_the_same_verdicts(problem_set_run, tmp_path,
+                                                               cache_dir, capfd):
+    results, killed = _graded_while_killing("kbench.grading.slots", ["--slots", "3"],
+                                            tmp_path / "reports", cache_dir)
+    assert killed, "no slot process was seen grading"
+    assert "queued again" in capfd.readouterr().out
+    assert _verdicts(results) == _verdicts(problem_set_run[1])
+    assert results["environment"]["slots"] == ["cpu 0", "cpu 1", "cpu 2"]
+
+
+def test_ray_with_a_worker_killed_gives_the_same_verdicts(problem_set_run, tmp_path,
+                                                          cache_dir):
+    ray = pytest.importorskip("ray", reason="the Ray extra: pip install -e '.[ray]'")
+    try:
+        results, killed = _graded_while_killing(
+            "ray::_grade", ["--executor", "ray", "--slots", "2"], tmp_path / "reports",
+            cache_dir)
+    finally:
+        ray.shutdown()
+    assert killed, "no Ray worker was seen grading"
+    assert _verdicts(results) == _verdicts(problem_set_run[1])
+
+
+def _job(problem: str, name: str) -> Job:
+    return Job(task=f"{problem}.py", problem=problem, name=name, path=f"{name}.py",
+               sha256="0", options={})
+
+
+def test_units_keep_problems_whole_while_there_are_enough():
+    jobs = [_job(p, f"{p}_{i}") for p in "abcd" for i in range(3)]
+    assert [len(u.jobs) for u in units.split(jobs, 2, None, 4)] == [3, 3, 3, 3]
+    one = [_job("a", f"a_{i}") for i in range(8)]
+    assert [len(u.jobs) for u in units.split(one, 2, None, 4)] == [4, 4]
+    assert [len(u.jobs) for u in units.split(one, 3, None, 4)] == [3, 3, 2]
+    assert [len(u.jobs) for u in units.split(one[:1], 8, None, 4)] == [1]
+
+
+def test_a_lost_job_is_an_infrastructure_error_graded_again_by_resume():
+    (result,) = units.lost([_job("a", "a_0")], "its slot (gpu 1) process ended")
+    assert result.status.value == "infrastructure_error"
+    assert "gpu 1" in result.reason and "--resume" in result.reason
+
+
+def test_gpus_are_checked():
+    with pytest.raises(OptionsError, match="--gpus"):
+        specs(Device.CPU, ["0"], 1)
+    assert [s.name for s in specs(Device.CPU, None, 2)] == ["cpu 0", "cpu 1"]
