@@ -24,8 +24,8 @@ table.sortable th{cursor:pointer}table.sortable th:after{content:" \\2195";color
 .num{text-align:right;font-variant-numeric:tabular-nums}
 .v{display:inline-block;padding:0 .45em;border-radius:3px;color:#fff;font-size:.85em}
 .ok{background:#2a7d2a}.wrong_output,.flagged{background:#b02a2a}.task_error,
-.environment_error,.internal_error,.infrastructure_error{background:#777}.build_error,.runtime_error,.crashed,
-.timeout,.out_of_memory,.cuda_error{background:#c77a00}
+.environment_error,.internal_error,.infrastructure_error{background:#777}.build_error,
+.runtime_error,.crashed,.timeout,.out_of_memory,.cuda_error{background:#c77a00}
 .warn{background:#fff4d6;border:1px solid #e0c060;padding:.6em 1em}
 .grid td{padding:1px}.grid .v{width:1.1em;height:1.1em;padding:0}
 figure{margin:.5em 0}svg{max-width:100%;height:auto}p,td{overflow-wrap:anywhere}

@@ -70,7 +70,7 @@ class EventSink:
         self.emit({"result": result.to_dict()})
 
 
-_executors: dict[str, LocalExecutor] = {}  # one per options in a slot process (toolchain found once)
+_executors: dict[str, LocalExecutor] = {}  # per options, in a slot process: toolchain found once
 
 
 def run(unit: Unit, emit: Emit) -> None:
