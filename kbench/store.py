@@ -273,7 +273,8 @@ class Store:
 
         Results that kbench, the machine or the problem failed to produce (internal_error,
         environment_error, infrastructure_error, task_error) are never reused, nor correct ones
-        left without a speedup (the reference could not be timed alongside), nor untimed runs' results.
+        left without a speedup (the reference could not be timed alongside), nor untimed runs'
+        results.
         """
         row = self.db.execute(
             "SELECT r.run_id, r.data FROM results r JOIN runs u ON u.id = r.run_id "
