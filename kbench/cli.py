@@ -68,6 +68,10 @@ def _grade_parser(sub) -> None:
                        "graph: CUDA-graph replays of many calls on rotating inputs, the "
                        "kernels alone (CUDA only)")
     grade.add_argument("--no-timing", action="store_true", help="check correctness only")
+    grade.add_argument("--profile", choices=["full", "quick"], default="full",
+                       help="full: every round and sample the task asks for, and the "
+                       "torch.compile baseline (default); quick: for screening thousands, "
+                       "fewer rounds, samples and fresh processes, the same correctness")
     grade.add_argument("--resume", action="store_true", help="finish the newest interrupted "
                        "run of this task in --out: same seed and options, only what is missing")
     grade.add_argument("--force", action="store_true", help="grade again even files whose "

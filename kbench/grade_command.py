@@ -80,7 +80,7 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
     from kbench.store import StoreError
 
     settings = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch,
-                "timing": args.timing, "untimed": args.no_timing}
+                "timing": args.timing, "untimed": args.no_timing, "profile": args.profile}
     seed, run_id = args.seed, None
     unfinished = store.unfinished_run(label)
     if args.resume:
@@ -107,14 +107,16 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
                           case_indices=settings["case_indices"],
                           cuda_arch=settings["cuda_arch"],
                           timing=settings.get("timing", "eager"),
-                          untimed=settings.get("untimed", False))
+                          untimed=settings.get("untimed", False),
+                          profile=settings.get("profile", "full"))
     except OptionsError as exc:
         return fail(str(exc))
     resuming = f", resuming run {run_id}" if run_id else ""
     count = sum(len(e.submissions) for e in plan)
+    timing = f"{options.timing.value}, profile {options.profile.value}" if options.timed \
+        else "off"
     print(f"kbench {__version__}: {label}, {count} submission(s) against {len(plan)} "
-          f"problem(s), device {device}, seed {seed}, timing "
-          f"{'off' if not options.timed else options.timing.value}{resuming}", flush=True)
+          f"problem(s), device {device}, seed {seed}, timing {timing}{resuming}", flush=True)
     progress = Progress()
     try:
         run_id = grader.grade(label, plan, options, store, run_id=run_id, force=args.force,

@@ -9,7 +9,7 @@ from html import escape
 from pathlib import Path
 
 from kbench import charts
-from kbench.report import ms_text
+from kbench.report import ms_text, profile_text
 from kbench.results import Benchmark, ProblemRun, RunResult, SubmissionResult
 from kbench.summary import THRESHOLDS, summarise
 from kbench.verdict import Status
@@ -98,7 +98,8 @@ def _header(run: RunResult) -> str:
     line = (f"{escape(str(env.get('device_name', env.get('device'))))} · torch "
             f"{escape(str(env.get('torch')))} · kbench {escape(run.kbench_version)} · run "
             f"{run.run_id} · seed {run.seed} · started {escape(run.started)} · timing "
-            f"{escape(run.timing_mode)}"
+            f"{escape(run.timing_mode)} · profile {escape(run.profile)} "
+            f"({escape(profile_text(run.profile))})"
             + (f" · copy {run.copy_gbps:.0f} GB/s" if run.copy_gbps else ""))
     rows = "".join(f"<tr><th>{escape(str(k))}</th><td>{escape(str(v))}</td></tr>"
                    for k, v in env.items())

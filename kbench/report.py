@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from kbench.grading.options import RIGOUR
 from kbench.peaks import peak_tflops
 from kbench.results import (
     Benchmark,
@@ -27,6 +28,16 @@ _CLOCK = {
             "(work left on other streams is the call's)",
     "cpu": "wall clock around each call",
 }
+def profile_text(profile: str) -> str:
+    """What a timing profile gathered, for the reports' headers."""
+    r = RIGOUR.get(profile)
+    if r is None:
+        return "unknown"
+    return (f"{r.rounds} rounds per size alternating with the reference, {r.fresh_rounds} "
+            f"fresh-process rounds for launch-bound sizes, {r.share:.0%} of the task's samples "
+            "and time budget" + ("" if r.compile_baseline else ", no torch.compile baseline"))
+
+
 _MODE = {
     ("eager", "cuda"): "eager: one call per sample, queued behind a short spin kernel that "
                        "fills every SM, so the interval is the device's time for the call "
@@ -187,7 +198,8 @@ def _header(run: RunResult, bound: set[str]) -> list[str]:
              f"nvcc {env.get('nvcc') or '-'}",
              f"- kbench {run.kbench_version}, run {run.run_id}, seed {run.seed}, "
              f"started {run.started}",
-             f"- timing {_MODE.get((run.timing_mode, env.get('device')), run.timing_mode)}; "
+             f"- profile {run.profile} ({profile_text(run.profile)}); timing "
+             f"{_MODE.get((run.timing_mode, env.get('device')), run.timing_mode)}; "
              f"{_CLOCK.get(env.get('device'), 'clock unknown')}; fresh input values for "
              "every call, caches flushed before each sample; sampling stops when the median's "
              "95 % interval is within the task's target or its time budget is spent",

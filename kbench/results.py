@@ -139,6 +139,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     run_id: int | None = None  # in the results store
     timing_mode: str = "eager"  # or "graph": CUDA-graph replays, launch overhead left out
+    profile: str = "full"  # or "quick" (kbench.grading.options.Rigour): every figure's
 
     @property
     def copy_gbps(self) -> float | None:
@@ -163,7 +164,7 @@ class RunResult:
         notes = [n for n in data.get("notes", []) if n not in own]
         return cls(data["kbench_version"], data["task"], data["seed"], data["started"],
                    data["environment"], problems, subs, list(notes), data.get("run_id"),
-                   data.get("timing_mode", "eager"))
+                   data.get("timing_mode", "eager"), data.get("profile", "full"))
 
     def to_dict(self) -> dict:
         single = self.problems[0] if len(self.problems) == 1 else None
@@ -176,6 +177,7 @@ class RunResult:
             "environment": self.environment,
             "copy_gbps": self.copy_gbps,
             "timing_mode": self.timing_mode,
+            "profile": self.profile,
             "notes": self.notes + (single.notes if single else []),
             "reference": [asdict(b) for b in single.reference] if single else [],
             "problems": [p.to_dict() for p in self.problems],

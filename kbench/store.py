@@ -267,9 +267,9 @@ class Store:
                             "json(?)) WHERE id = ?", (json.dumps(problems), run_id))
 
     def reusable(self, sha256: str, task_hash: str, kbench_version: str, fingerprint: str,
-                 timing: str) -> tuple[int, SubmissionResult] | None:
+                 timing: str, profile: str) -> tuple[int, SubmissionResult] | None:
         """The newest result for the same file, problem (its digest), kbench, machine
-        software and timing mode, if any.
+        software, timing mode and profile, if any.
 
         Results that kbench, the machine or the problem failed to produce (internal_error,
         environment_error, infrastructure_error, task_error) are never reused, nor correct ones
@@ -285,10 +285,11 @@ class Store:
             "AND json_extract(u.options, '$.case_indices') IS NULL "
             "AND NOT coalesce(json_extract(u.options, '$.untimed'), 0) "
             "AND json_extract(u.options, '$.timing') = ? "
+            "AND coalesce(json_extract(u.options, '$.profile'), 'full') = ? "
             "ORDER BY r.run_id DESC LIMIT 1",
             (sha256, task_hash, kbench_version, fingerprint, Status.INTERNAL_ERROR.value,
              Status.ENVIRONMENT_ERROR.value, Status.INFRASTRUCTURE_ERROR.value,
-             Status.TASK_ERROR.value, timing)
+             Status.TASK_ERROR.value, timing, profile)
         ).fetchone()
         return (row[0], SubmissionResult.from_dict(json.loads(row[1]))) if row else None
 
@@ -307,7 +308,8 @@ class Store:
         return RunResult(kbench_version=row[0], task=row[1], seed=row[2], started=row[3],
                          environment=json.loads(row[4]), problems=problems, submissions=subs,
                          notes=json.loads(row[5]), run_id=run_id,
-                         timing_mode=json.loads(row[6]).get("timing", "eager"))
+                         timing_mode=json.loads(row[6]).get("timing", "eager"),
+                         profile=json.loads(row[6]).get("profile", "full"))
 
     def problem(self, run_id: int, name: str) -> ProblemRun | None:
         row = self.db.execute("SELECT data FROM problems WHERE run_id = ? AND name = ?",

@@ -219,3 +219,26 @@ def test_timed_calls_are_checked_and_bounded_by_kbench_s_own_clock(tmp_path, cac
     assert lazy["status"] == "wrong_output", lazy["reason"]
     assert "benchmark 2048x4096: timed call" in lazy["reason"]
     assert lazy["cases_passed"] == lazy["cases_total"]
+
+
+def test_the_quick_profile_gathers_less_and_says_so(tmp_path, cache_dir):
+    # Launch-bound everywhere and a compile baseline asked for: quick takes 3 fresh-process
+    # rounds, not 8, and no torch.compile baseline; the correctness cases are the same.
+    task = quick_task(tmp_path, **{"timing.fresh_rounds_below_ms": 1e6,
+                                   "timing.compile_reference": True})
+    out = tmp_path / "out"
+    code, results = grade([str(FIXTURES / "cpu" / "l2norm_torch_ok.py"), "--task", str(task),
+                           "--device", "cpu", "--seed", "5", "--profile", "quick"], out,
+                          cache_dir)
+    sub = results["submissions"][0]
+    assert code == 0 and sub["status"] == "ok" and sub["speedup"] > 0, sub["reason"]
+    assert results["profile"] == "quick" and sub["cases_passed"] == sub["cases_total"] > 0
+    low, high = sub["speedup_ci"]
+    assert low <= sub["speedup"] <= high
+    assert results["reference"][0]["compiled"] is None and sub["compile_speedup"] is None
+    logs = sorted(p.name for p in (out / "logs").glob("*round*"))
+    assert logs == sorted([f"l2norm_torch_ok.round{r}.log" for r in (2, 3)]
+                          + [f"l2norm.reference.round{r}.run.log" for r in (2, 3)])
+    assert "profile quick (2 rounds" in (out / "leaderboard.md").read_text()
+    assert "\nrun_id,profile," in "\n" + (out / "results.csv").read_text()
+    assert ",quick,l2norm," in (out / "results.csv").read_text()

@@ -85,7 +85,7 @@ def test_resume_after_kill_minus_9(tmp_path, task, cache_dir, kill_after):
     resumed = start([str(SLOW), "--task", str(task), "--resume"], out, cache_dir)
     output = resumed.communicate(timeout=300)[0]
     assert resumed.returncode == 0, output
-    assert "seed 99, timing eager, resuming run 1" in output
+    assert "seed 99, timing eager, profile full, resuming run 1" in output
     assert output.count("] l2norm_slow_") == len(EXPECTED) - done  # only what was missing
     left = len(EXPECTED) - done
     assert f"[{left}/{left}] l2norm_slow_" in output  # progress counts what was left
@@ -255,22 +255,25 @@ def test_reuse_needs_same_kbench_task_and_software(tmp_path):
     store.add_result(run_id, SubmissionResult(name="l2norm_x", path="x.py", sha256="abc",
                                               status=Status.OK, speedup=1.5, problem="l2norm"))
     fp = fingerprint(env)
-    assert store.reusable("abc", "t1", "0.1.0", fp, "eager")[0] == run_id
-    assert store.reusable("abd", "t1", "0.1.0", fp, "eager") is None  # another file
-    assert store.reusable("abc", "t2", "0.1.0", fp, "eager") is None  # another problem
-    assert store.reusable("abc", "t1", "0.2.0", fp, "eager") is None  # another kbench
-    assert store.reusable("abc", "t1", "0.1.0", fp, "graph") is None  # another timing mode
+    # a run stored without a profile (older kbench) counts as full
+    assert store.reusable("abc", "t1", "0.1.0", fp, "eager", "full")[0] == run_id
+    assert store.reusable("abd", "t1", "0.1.0", fp, "eager", "full") is None  # another file
+    assert store.reusable("abc", "t2", "0.1.0", fp, "eager", "full") is None  # another problem
+    assert store.reusable("abc", "t1", "0.2.0", fp, "eager", "full") is None  # another kbench
+    assert store.reusable("abc", "t1", "0.1.0", fp, "graph", "full") is None  # timing mode
+    assert store.reusable("abc", "t1", "0.1.0", fp, "eager", "quick") is None  # profile
     for key, value in (("torch", "2.12.0"), ("device_name", "NVIDIA H100"), ("driver", "590")):
         assert store.reusable("abc", "t1", "0.1.0", fingerprint({**env, key: value}),
-                              "eager") is None
+                              "eager", "full") is None
     # Not reused: what the machine could not grade, and a correct result with no speedup
     # (the reference failed alongside it); a resume grades the first again.
     for name, sha, status, speedup in (("l2norm_env", "e", Status.ENVIRONMENT_ERROR, None),
+                                       ("l2norm_lost", "l", Status.INFRASTRUCTURE_ERROR, None),
                                        ("l2norm_nospeed", "n", Status.OK, None)):
         store.add_result(run_id, SubmissionResult(name=name, path="y.py", sha256=sha,
                                                   status=status, speedup=speedup,
                                                   problem="l2norm"))
-        assert store.reusable(sha, "t1", "0.1.0", fp, "eager") is None
+        assert store.reusable(sha, "t1", "0.1.0", fp, "eager", "full") is None
     assert store.graded_names(run_id) == {"l2norm_x", "l2norm_nospeed"}
 
 

@@ -151,11 +151,14 @@ class Context:
         self._models.clear()
 
     def timing(self, rounds: int) -> TimingSettings:
-        """The task's stopwatch settings for one of ``rounds`` turns."""
-        t = self.task.timing[self.device.type]
-        return TimingSettings(warmup_ms=t.warmup_ms, min_samples=math.ceil(t.min_samples / rounds),
-                              max_samples=math.ceil(t.max_samples / rounds),
-                              budget_ms=t.budget_ms / rounds, target_ci=t.target_ci,
+        """The task's stopwatch settings for one of ``rounds`` turns, under the profile."""
+        t, rigour = self.task.timing[self.device.type], self.options.rigour
+        share = rigour.share / rounds
+        return TimingSettings(warmup_ms=t.warmup_ms,
+                              min_samples=math.ceil(t.min_samples * share),
+                              max_samples=math.ceil(t.max_samples * share),
+                              budget_ms=t.budget_ms * share,
+                              target_ci=t.target_ci * rigour.target_ci,
                               mode=self.options.timing.value)
 
     def failure(self, sub: Submission, case: Case) -> dict:

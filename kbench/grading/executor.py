@@ -192,7 +192,8 @@ class LocalExecutor:
         self.say(f"{ctx.task.name}: timing the reference on {len(ctx.benchmarks)} shape(s) "
                  f"({ctx.options.timing.value})")
         start, compiled = pool.time_all(), None
-        if ctx.task.timing[ctx.device.type].compile_reference:
+        if ctx.task.timing[ctx.device.type].compile_reference and \
+                ctx.options.rigour.compile_baseline:
             self.say(f"{ctx.task.name}: timing torch.compile of the reference")
             compiled = pool.time_compiled()
         reference, notes = pool.table(start, None, compiled)

@@ -17,6 +17,31 @@ class TimingMode(str, Enum):
     GRAPH = "graph"  # CUDA-graph replays of many calls (kbench.worker.timing)
 
 
+class Profile(str, Enum):
+    FULL = "full"  # every round and sample the task asks for, and the torch.compile baseline
+    QUICK = "quick"  # for screening thousands: fewer rounds, samples and fresh processes
+
+
+@dataclass(frozen=True)
+class Rigour:
+    """How much timing evidence a profile gathers (correctness is the same in every one)."""
+
+    rounds: int  # turns per case with the reference, in the submission's own process
+    fresh_rounds: int  # turns for launch-bound cases, each in new processes on both sides
+    share: float  # of the task's min/max samples and time budget
+    target_ci: float  # times the task's target interval
+    compile_baseline: bool  # time torch.compile of the reference too
+
+    # On an H200, five grades' speedups at 16x16384 spread 6 % with all rounds in one process,
+    # 3.8 % with 3 fresh-process rounds and 3.0 % with 8 (docs/timing.md): quick keeps 3.
+
+
+RIGOUR = {"full": Rigour(rounds=3, fresh_rounds=8, share=1.0, target_ci=1.0,
+                         compile_baseline=True),
+          "quick": Rigour(rounds=2, fresh_rounds=3, share=0.4, target_ci=2.0,
+                          compile_baseline=False)}
+
+
 class OptionsError(ValueError):
     """Settings that cannot go together; the message names the option."""
 
@@ -33,6 +58,7 @@ class Options:
     timing: TimingMode = TimingMode.EAGER
     untimed: bool = False  # correctness only (--no-timing)
     cores: int | None = None  # host cores this process's builds share (None: all of them)
+    profile: Profile = Profile.FULL
 
     def __post_init__(self) -> None:
         try:
@@ -43,6 +69,10 @@ class Options:
             object.__setattr__(self, "timing", TimingMode(self.timing))
         except ValueError:
             raise OptionsError(f"--timing {self.timing}: expected eager or graph") from None
+        try:
+            object.__setattr__(self, "profile", Profile(self.profile))
+        except ValueError:
+            raise OptionsError(f"--profile {self.profile}: expected full or quick") from None
         object.__setattr__(self, "out_dir", Path(self.out_dir))
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))
         if self.jobs < 1:
@@ -53,6 +83,10 @@ class Options:
             raise OptionsError("--timing graph: CUDA graphs need --device cuda")
 
     @property
+    def rigour(self) -> Rigour:
+        return RIGOUR[self.profile.value]
+
+    @property
     def timed(self) -> bool:
         return self.case_indices is None and not self.untimed
 
@@ -60,11 +94,12 @@ class Options:
         """What ``--resume`` must repeat besides the seed."""
         return {"device": self.device.value, "case_indices": self.case_indices,
                 "cuda_arch": self.cuda_arch, "timing": self.timing.value,
-                "untimed": self.untimed}
+                "untimed": self.untimed, "profile": self.profile.value}
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data.update(device=self.device.value, timing=self.timing.value,
+                    profile=self.profile.value,
                     out_dir=str(self.out_dir), cache_dir=str(self.cache_dir))
         return data
 

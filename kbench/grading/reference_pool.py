@@ -17,10 +17,6 @@ from kbench.sandbox import child_env
 from kbench.task import Params
 from kbench.verdict import Status, Verdict
 
-# Rounds, each in a process of its own on each side, for cases under the task's
-# fresh_rounds_below_ms (see kbench.grading.rounds).
-FRESH_ROUNDS = 8
-
 # Copy-bandwidth buffers (each of source and destination): far past any cache.
 _COPY_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}
 
@@ -101,7 +97,7 @@ class ReferencePool:
         self.main = ReferenceWorker(ctx, log, self.skips, measures_copy=True)
         self.main.copy_gbps = copy_gbps
         self.rounds = [self.main] + [ReferenceWorker(ctx, f"{log}.round{r + 1}", self.skips)
-                                     for r in range(1, FRESH_ROUNDS)]
+                                     for r in range(1, ctx.options.rigour.fresh_rounds)]
 
     def __enter__(self) -> ReferencePool:
         return self

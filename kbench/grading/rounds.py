@@ -13,15 +13,9 @@ from kbench.grading import integrity
 from kbench.grading.channel import Channel
 from kbench.grading.context import Context
 from kbench.grading.options import TimingMode
-from kbench.grading.reference_pool import FRESH_ROUNDS, ReferencePool, ReferenceWorker
+from kbench.grading.reference_pool import ReferencePool, ReferenceWorker
 from kbench.protocol import Samples
 from kbench.results import Benchmark, SubmissionResult
-
-# Per benchmark case, the candidate and the reference (each in its own process) take turns
-# this many times, each turn with this share of the time budget. Launch-bound cases take
-# reference_pool.FRESH_ROUNDS instead: on an H200, five grades' speedups at 16x16384 spread
-# 6 % with every round in one process, 3.8 % with 3 fresh-process rounds and 3.0 % with 8.
-_ROUNDS = 3
 
 OpenRound = Callable[[int], Channel]  # round r -> a new process of the submission, loaded
 
@@ -30,7 +24,8 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
                     reference: list[Benchmark], pool: ReferencePool,
                     open_round: OpenRound) -> None:
     """Each case in rounds, alternating with the reference's. Cases whose reference ran
-    under the task's ``fresh_rounds_below_ms`` at the start take FRESH_ROUNDS rounds, every
+    under the task's ``fresh_rounds_below_ms`` at the start take the profile's fresh rounds
+    (kbench.grading.options.Rigour), every
     round in a process of its own on each side: each process's launch path settles on its
     own level (some 0.2 us a kernel apart on an H200, docs/timing.md), which dominates a
     speedup of 10 us calls unless the rounds sample many processes. Those cases go first,
@@ -48,6 +43,7 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
         if ref.reference is not None:
             mine[i], theirs[i] = [], []
     fresh = [i for i in mine if reference[i].reference.ms < below]
+    rigour = ctx.options.rigour
 
     def one_round(i: int, process: Channel, worker: ReferenceWorker, count: int) -> None:
         params = reference[i].params
@@ -55,15 +51,15 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
         mine[i].append(process.samples(params, count, keep=True))
         integrity.verify(ctx, process, params, mine[i][-1].kept)
 
-    for r in range(FRESH_ROUNDS if fresh else 0):
+    for r in range(rigour.fresh_rounds if fresh else 0):
         with contextlib.ExitStack() as stack:
             here = channel if r == 0 else stack.enter_context(open_round(r))
             for i in fresh:
-                one_round(i, here, pool.rounds[r], FRESH_ROUNDS)
+                one_round(i, here, pool.rounds[r], rigour.fresh_rounds)
     for i in mine:
         if i not in fresh:
-            for _ in range(_ROUNDS):
-                one_round(i, channel, pool.main, _ROUNDS)
+            for _ in range(rigour.rounds):
+                one_round(i, channel, pool.main, rigour.rounds)
         bench, nbytes = result.benchmarks[i], ctx.traffic(reference[i].params)
         bench.candidate = measurement.summarise(mine[i], nbytes)
         ref_rounds = [t for t in theirs[i] if t is not None]
