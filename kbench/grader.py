@@ -29,6 +29,12 @@ def executor_for(options: Options, placement: Placement, say: Callable[[str], No
     """The executor a placement asks for; OptionsError names what cannot be."""
     if placement.cpu_slots < 1:
         raise OptionsError(f"--slots {placement.cpu_slots}: expected at least 1")
+    several = placement.executor == "ray" or placement.cpu_slots > 1
+    if options.device is Device.CPU and several and options.timed:
+        # One slot's timing (and kbench's own clock checking it) would run beside another's
+        # work on the same cores: a verdict would depend on what ran alongside.
+        raise OptionsError("several CPU slots share the host's cores, so their timings would "
+                           "disturb each other: add --no-timing, or grade on one slot")
     if placement.executor == "ray":
         from kbench.grading.cluster import RayExecutor
 

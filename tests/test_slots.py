@@ -6,7 +6,7 @@ import time
 
 import psutil
 import pytest
-from conftest import PROBLEM_SET_ARGS, grade
+from conftest import FIXTURES, PROBLEM_SET_ARGS, grade
 
 from kbench.grading import units
 from kbench.grading.executor import Job
@@ -92,3 +92,11 @@ def test_gpus_are_checked():
     with pytest.raises(OptionsError, match="--gpus"):
         specs(Device.CPU, ["0"], 1)
     assert [s.name for s in specs(Device.CPU, None, 2)] == ["cpu 0", "cpu 1"]
+
+
+def test_several_cpu_slots_do_not_time(tmp_path, cache_dir, capsys):
+    # Their timings would share the cores: a verdict would depend on what ran alongside.
+    code, results = grade([str(FIXTURES / "cpu" / "l2norm_torch_ok.py"), "--device", "cpu",
+                           "--slots", "2"], tmp_path, cache_dir)
+    assert code == 2 and results is None
+    assert "add --no-timing" in capsys.readouterr().err

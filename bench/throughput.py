@@ -1,0 +1,188 @@
+"""The grader's own throughput: grade a generated batch once per configuration and print
+submissions per hour (per GPU or slot), build seconds per submission and GPU-busy fraction.
+
+The batch is COUNT copies drawn round-robin from the given submissions (default: the bundled
+set), each made distinct by a comment with its number, so every copy builds cold in a fresh
+cache and nothing is reused from an earlier run. Every configuration grades the same batch
+with the same seed, so its verdicts and speedups can be set side by side: for each submission
+correct under both profiles, whether the quick speedup lies inside the full one's interval.
+
+    python bench/throughput.py --count 64 --profiles quick full            # one GPU or CPU
+    python bench/throughput.py --count 64 --profiles quick --gpus 0 0,1    # 1 and 2 slots
+    python bench/throughput.py --count 8 --device cpu --slots 1 2 --executors local ray \
+        --no-timing                          # several CPU slots grade correctness only
+
+``--json FILE`` keeps every figure, with each submission's verdict and speedup interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Outcome:
+    profile: str
+    executor: str
+    slots: str  # "--gpus 0,1" or "--slots 2"
+    slot_count: int
+    wall_s: float
+    submissions: int
+    statuses: dict[str, int]
+    build_s: list[float]
+    gpu_busy: dict[str, float]  # per GPU index: mean utilization over the run, 0-1
+    speedups: dict[str, list[float | None]] = field(default_factory=dict)  # name: [s, lo, hi]
+
+    @property
+    def per_hour(self) -> float:
+        return self.submissions / self.wall_s * 3600
+
+    def row(self) -> list[str]:
+        busy = ", ".join(f"{g}: {b:.0%}" for g, b in sorted(self.gpu_busy.items())) or "-"
+        build = f"{statistics.median(self.build_s):.1f}" if self.build_s else "-"
+        return [self.profile, self.executor, self.slots, str(self.submissions),
+                f"{self.wall_s:.0f}", f"{self.per_hour:.0f}",
+                f"{self.per_hour / self.slot_count:.0f}", build, busy,
+                ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))]
+
+
+def make_batch(sources: list[Path], count: int, folder: Path) -> None:
+    """``count`` distinct copies, named so each still matches its problem by prefix."""
+    folder.mkdir(parents=True)
+    for i, src in zip(range(count), itertools.cycle(sources)):
+        text = src.read_text() + f"\n# kbench throughput batch copy {i}\n"
+        (folder / f"{src.stem}_c{i:03d}.py").write_text(text)
+
+
+class GpuSampler:
+    """nvidia-smi's utilization (share of time a kernel ran) once a second, per GPU."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[float]] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> GpuSampler:
+        if shutil.which("nvidia-smi"):
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+
+    def _run(self) -> None:
+        while not self.stop.wait(1.0):
+            out = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu",
+                                  "--format=csv,noheader,nounits"], capture_output=True,
+                                 text=True).stdout
+            for line in out.splitlines():
+                index, _, busy = line.partition(",")
+                if busy.strip().isdigit():
+                    self.samples.setdefault(index.strip(), []).append(int(busy) / 100)
+
+    def mean(self, gpus: list[str] | None) -> dict[str, float]:
+        return {g: statistics.fmean(v) for g, v in self.samples.items()
+                if v and (gpus is None or g in gpus)}
+
+
+def grade(batch: Path, scratch: Path, args: argparse.Namespace, profile: str, executor: str,
+          placement: list[str]) -> Outcome:
+    name = f"{profile}-{executor}-{'-'.join(placement).replace(',', '_').strip('-')}"
+    out, cache = scratch / name / "out", scratch / name / "cache"
+    command = [sys.executable, "-m", "kbench", "grade", str(batch), "--profile", profile,
+               "--executor", executor, "--seed", str(args.seed), "--device", args.device,
+               "--out", str(out), "--cache-dir", str(args.cache or cache), *placement,
+               *(["--no-timing"] if args.no_timing else [])]
+    log = scratch / f"{name}.log"
+    print(f"{name}: {' '.join(command[3:])}", flush=True)
+    start = time.monotonic()
+    with GpuSampler() as sampler, log.open("w") as stream:
+        subprocess.run(command, cwd=ROOT, check=True, stdout=stream, stderr=subprocess.STDOUT)
+    wall = time.monotonic() - start
+    results = json.loads((out / "results.json").read_text())
+    subs = results["submissions"]
+    gpus = placement[1].split(",") if placement[:1] == ["--gpus"] else None
+    statuses: dict[str, int] = {}
+    for sub in subs:
+        statuses[sub["status"]] = statuses.get(sub["status"], 0) + 1
+    count = len(gpus) if gpus else int(placement[1]) if placement[:1] == ["--slots"] else 1
+    outcome = Outcome(profile, executor, " ".join(placement) or "default", count, wall,
+                      len(subs), statuses, [s["build_s"] for s in subs if s.get("build_s")],
+                      sampler.mean(gpus),
+                      {s["name"]: [s["speedup"], *(s["speedup_ci"] or [None, None])]
+                       for s in subs if s["status"] == "ok"})
+    if args.keep:
+        shutil.copytree(out, Path(args.keep) / name, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("*.so", "*.o"))
+        shutil.copy(log, Path(args.keep) / f"{name}.log")
+    return outcome
+
+
+def inside(quick: Outcome, full: Outcome) -> list[str]:
+    """Per submission timed under both: is the quick speedup inside the full interval?"""
+    lines = []
+    for name, (q, _, _) in sorted(quick.speedups.items()):
+        if name in full.speedups and q is not None and full.speedups[name][1] is not None:
+            s, lo, hi = full.speedups[name]
+            lines.append(f"  {name}: quick {q:.3f}x, full {s:.3f}x ({lo:.3f}-{hi:.3f}): "
+                         + ("inside" if lo <= q <= hi else "OUTSIDE"))
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="*", help="submissions to copy (default: the bundled)")
+    parser.add_argument("--count", type=int, default=64)
+    parser.add_argument("--profiles", nargs="+", default=["quick", "full"])
+    parser.add_argument("--executors", nargs="+", default=["local"])
+    parser.add_argument("--gpus", nargs="+", help="one configuration per value, e.g. 0 0,1")
+    parser.add_argument("--slots", nargs="+", help="CPU slots, one configuration per value")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--seed", type=int, default=20261125)
+    parser.add_argument("--no-timing", action="store_true", help="correctness only")
+    parser.add_argument("--cache", help="one build cache for every configuration (warm after "
+                        "the first); default: a fresh one each, so builds are cold")
+    parser.add_argument("--keep", help="copy each run's reports and log here")
+    parser.add_argument("--json", help="write every figure here")
+    args = parser.parse_args()
+    sources = [Path(p) for p in args.paths] or sorted((ROOT / "kbench/submissions").glob("*.py"))
+    placements = [["--gpus", g] for g in args.gpus or []] + \
+        [["--slots", s] for s in args.slots or []] or [[]]
+    outcomes = []
+    with tempfile.TemporaryDirectory(prefix="kbench-throughput-") as tmp:
+        batch = Path(tmp) / "batch"
+        make_batch(sources, args.count, batch)
+        for profile, executor, placement in itertools.product(args.profiles, args.executors,
+                                                               placements):
+            outcomes.append(grade(batch, Path(tmp), args, profile, executor, placement))
+            print(" | ".join(outcomes[-1].row()), flush=True)
+    header = ["profile", "executor", "slots", "subs", "wall s", "subs/h", "subs/h/slot",
+              "median build s", "GPU busy", "verdicts"]
+    print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for outcome in outcomes:
+        print("| " + " | ".join(outcome.row()) + " |")
+    for quick, full in itertools.product(outcomes, outcomes):
+        if (quick.profile, full.profile) == ("quick", "full") and \
+                (quick.executor, quick.slots) == (full.executor, full.slots):
+            print(f"\nquick inside full's interval ({quick.executor}, {quick.slots}):")
+            print("\n".join(inside(quick, full)) or "  (no submission timed under both)")
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
