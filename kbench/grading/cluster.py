@@ -9,6 +9,7 @@ output folder at the same paths (a shared file system, or the same checkout ever
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from kbench.grading import units
@@ -48,8 +49,9 @@ class RayExecutor:
         self.ray = _ray()
         self.options, self.say = options, say
         if not self.ray.is_initialized():
-            self.ray.init(address=address, num_cpus=cpu_slots if address is None else None,
-                          log_to_driver=False, include_dashboard=False)
+            local = address is None and not os.environ.get("RAY_ADDRESS")
+            self.ray.init(address=address, num_cpus=cpu_slots if local else None,
+                          log_to_driver=False, include_dashboard=False if local else None)
         gpu = options.device is Device.CUDA
         self.resources = {"num_gpus": 1, "num_cpus": 1} if gpu else {"num_cpus": 1}
         total = self.ray.cluster_resources().get("GPU" if gpu else "CPU", 0)
