@@ -50,3 +50,37 @@ def test_a_float64_reference_that_does_not_fit_falls_back_to_float32_with_a_note
     assert "float64 copy could not run (OutOfMemoryError: CUDA out of memory" in ctx.notes[0]
     with pytest.raises(Stop, match="values wrong"):
         _judge(ctx, torch.zeros(4))
+
+
+def test_a_fingerprint_sees_any_write_and_nothing_else():
+    from kbench.compare import fingerprint
+
+    out = torch.randn(3, 1000)
+    key = 12345
+    before = fingerprint([out, 7], key)
+    assert fingerprint([out.clone(), 7], key) == before  # the same bytes
+    assert fingerprint([out], key + 1) != before[:1]  # another key, another print
+    for write in (lambda t: t.__setitem__((2, 999), t[2, 999] + 1e-6),
+                  lambda t: t.__setitem__((0, 0), -0.0 if t[0, 0] == 0 else -t[0, 0]),
+                  lambda t: t.copy_(t.flip(0))):  # moved, not changed: still a write
+        changed = out.clone()
+        write(changed)
+        assert fingerprint([changed, 7], key) != before
+    assert fingerprint([out.to(torch.float64), 7], key) != before  # dtype counts
+
+
+def test_outputs_past_the_memory_bound_are_rechecked_early_and_still_caught(
+        monkeypatch, tmp_path, cache_dir):
+    # With no room to hold outputs, each case's is looked at (SETTLE_S after its call) before
+    # the next case: a write after the call returned is caught all the same.
+    from conftest import FIXTURES, grade, quick_task
+
+    monkeypatch.setattr(correctness, "_HELD_BYTES", 0)
+    task = quick_task(tmp_path)
+    subs = [str(FIXTURES / "cpu" / f"l2norm_{n}.py") for n in ("late_write", "torch_ok")]
+    code, results = grade([*subs, "--task", str(task), "--device", "cpu", "--no-timing",
+                           "--seed", "3"], tmp_path / "out", cache_dir)
+    verdicts = {s["name"]: (s["status"], s["reason"]) for s in results["submissions"]}
+    assert verdicts["l2norm_torch_ok"] == ("ok", "")
+    assert verdicts["l2norm_late_write"][0] == "flagged"
+    assert "the output changed after it was returned" in verdicts["l2norm_late_write"][1]

@@ -12,7 +12,7 @@ import torch
 
 from kbench import protocol
 from kbench.cases import Case
-from kbench.compare import compare, identical, needed_scale
+from kbench.compare import compare, fingerprint, identical, needed_scale
 from kbench.discovery import Submission
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context, NoExact
@@ -27,15 +27,28 @@ _random = random.SystemRandom()  # choices a submission must not be able to pred
 SETTLE_S = 0.5
 
 
+# Outputs of earlier cases are rechecked early, and let go, once those held pass this many
+# bytes: the worker keeps every output the grader holds, which for a problem of many GiB per
+# output would not fit beside the next case.
+_HELD_BYTES = 2 << 30
+
+
 @dataclass(frozen=True)
 class Returned:
     """An output's leaves as the worker returned them (memory the worker can still write),
-    the copies that were checked, and when (time.monotonic()) the answer came."""
+    the fingerprint of the copy that was checked (kbench.compare.fingerprint, under ``key``),
+    and when (time.monotonic()) the answer came."""
 
     shared: list
-    copy: list
+    prints: list
+    key: int
     case: Case
     at: float
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.shared
+                   if type(t) is torch.Tensor)
 
 
 def check(ctx: Context, channel: Channel, sub: Submission,
@@ -46,7 +59,8 @@ def check(ctx: Context, channel: Channel, sub: Submission,
     changed its input. Values are judged on the copy the worker made as the call returned
     (see kbench.worker.serve), never on the output itself, which a thread may still be
     writing. One case, picked at random, is sent twice: the second output must match the
-    first (determinism). Returns every output with its checked copy, for recheck."""
+    first (determinism). Returns the outputs still held, each with its checked copy's
+    fingerprint, for recheck; earlier ones were rechecked already to bound the memory held."""
     returned: list[Returned] = []
     first_again = None
     for case, role in _with_repeat(ctx):
@@ -68,9 +82,14 @@ def check(ctx: Context, channel: Channel, sub: Submission,
             _same_twice(ctx, sub, case, first_again, out)
         elif role == "first":
             first_again = out
-        returned.append(Returned(answer.outputs, out, case, time.monotonic()))
+        key = _random.getrandbits(62)
+        returned.append(Returned(answer.outputs, fingerprint(out, key), key, case,
+                                 time.monotonic()))
         if result is not None and role != "again":
             result.cases_passed += 1
+        while len(returned) > 1 and sum(r.nbytes for r in returned) > _HELD_BYTES:
+            recheck(ctx, sub, returned[:1])
+            del returned[0]
     return returned
 
 
@@ -135,14 +154,15 @@ def _same_twice(ctx: Context, sub: Submission, case: Case, first: list, second: 
 
 def recheck(ctx: Context, sub: Submission, returned: list[Returned]) -> None:
     """Every case's output must still hold what it held when its call returned: a thread or
-    stream that writes it afterwards makes the check meaningless. Looked at once, after the
-    cases and before timing, at least SETTLE_S after the last call returned, in case order:
-    the verdict and the case it names do not depend on how fast this process happened to be
-    (timed calls' outputs have checks of their own, see integrity.verify)."""
+    stream that writes it afterwards makes the check meaningless. Looked at once per case, at
+    least SETTLE_S after its call returned, in case order (after all the cases and before
+    timing, unless memory made ``check`` look at early ones sooner): the verdict and the case
+    it names do not depend on how fast this process happened to be (timed calls' outputs have
+    checks of their own, see integrity.verify)."""
     if not returned:
         return
     time.sleep(max(0.0, returned[-1].at + SETTLE_S - time.monotonic()))
     for item in returned:
-        if not identical(item.shared, item.copy):
+        if fingerprint(item.shared, item.key) != item.prints:
             raise Stop(Verdict(Status.FLAGGED, f"{item.case.describe()}: the output changed "
                                "after it was returned"), ctx.failure(sub, item.case))
