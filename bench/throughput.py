@@ -105,7 +105,8 @@ def grade(batch: Path, scratch: Path, args: argparse.Namespace, profile: str, ex
     command = [sys.executable, "-m", "kbench", "grade", str(batch), "--profile", profile,
                "--executor", executor, "--seed", str(args.seed), "--device", args.device,
                "--out", str(out), "--cache-dir", str(args.cache or cache), *placement,
-               *(["--no-timing"] if args.no_timing else [])]
+               *(["--no-timing"] if args.no_timing else []),
+               *(["--jobs", str(args.jobs)] if args.jobs else [])]
     log = scratch / f"{name}.log"
     print(f"{name}: {' '.join(command[3:])}", flush=True)
     start = time.monotonic()
@@ -153,6 +154,7 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--seed", type=int, default=20261125)
     parser.add_argument("--no-timing", action="store_true", help="correctness only")
+    parser.add_argument("--jobs", type=int, help="kbench grade --jobs (default: its own)")
     parser.add_argument("--cache", help="one build cache for every configuration (warm after "
                         "the first); default: a fresh one each, so builds are cold")
     parser.add_argument("--keep", help="copy each run's reports and log here")
