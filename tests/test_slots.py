@@ -1,12 +1,15 @@
 """Several evaluation slots, on this host and on Ray: the same verdicts as one local slot on the
 same seed, even when a slot's process is killed mid-run (its unit is graded again)."""
 
+import json
+import subprocess
+import sys
 import threading
 import time
 
 import psutil
 import pytest
-from conftest import FIXTURES, PROBLEM_SET_ARGS, grade
+from conftest import FIXTURES, PROBLEM_SET_ARGS, ROOT, grade
 
 from kbench.grading import units
 from kbench.grading.executor import Job
@@ -35,35 +38,36 @@ def _kill_busy(pattern: str, killed: list[str], timeout_s: float = 120) -> None:
         time.sleep(0.2)
 
 
-def _graded_while_killing(pattern: str, args: list[str], out, cache_dir) -> tuple[dict, list]:
+def _graded_while_killing(pattern: str, args: list[str], out, cache_dir
+                          ) -> tuple[dict, list[str], str]:
+    """``kbench grade`` of the fixture problem set in a process of its own (Ray, once started,
+    patches the process that starts it), while the first busy ``pattern`` process is killed."""
     killed: list[str] = []
     killer = threading.Thread(target=_kill_busy, args=(pattern, killed), daemon=True)
     killer.start()
-    code, results = grade(PROBLEM_SET_ARGS + args, out, cache_dir)
+    done = subprocess.run([sys.executable, "-m", "kbench", "grade", *PROBLEM_SET_ARGS, *args,
+                           "--out", str(out), "--cache-dir", str(cache_dir)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
     killer.join()
-    assert code == 0
-    return results, killed
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads((out / "results.json").read_text()), killed, done.stdout
 
 
 def test_several_slots_with_one_killed_give_the_same_verdicts(problem_set_run, tmp_path,
-                                                               cache_dir, capfd):
-    results, killed = _graded_while_killing("kbench.grading.slots", ["--slots", "3"],
-                                            tmp_path / "reports", cache_dir)
+                                                               cache_dir):
+    results, killed, output = _graded_while_killing("kbench.grading.slots", ["--slots", "3"],
+                                                    tmp_path / "reports", cache_dir)
     assert killed, "no slot process was seen grading"
-    assert "queued again" in capfd.readouterr().out
+    assert "queued again" in output
     assert _verdicts(results) == _verdicts(problem_set_run[1])
     assert results["environment"]["slots"] == ["cpu 0", "cpu 1", "cpu 2"]
 
 
 def test_ray_with_a_worker_killed_gives_the_same_verdicts(problem_set_run, tmp_path,
                                                           cache_dir):
-    ray = pytest.importorskip("ray", reason="the Ray extra: pip install -e '.[ray]'")
-    try:
-        results, killed = _graded_while_killing(
-            "ray::_grade", ["--executor", "ray", "--slots", "2"], tmp_path / "reports",
-            cache_dir)
-    finally:
-        ray.shutdown()
+    pytest.importorskip("ray", reason="the Ray extra: pip install -e '.[ray]'")
+    results, killed, _ = _graded_while_killing(
+        "ray::_grade", ["--executor", "ray", "--slots", "2"], tmp_path / "reports", cache_dir)
     assert killed, "no Ray worker was seen grading"
     assert _verdicts(results) == _verdicts(problem_set_run[1])
 

@@ -21,6 +21,8 @@ RETRIES = 2  # Ray's own retries of a task whose worker died, before infrastruct
 
 
 def _ray() -> Any:
+    # Ray would otherwise replace builtins.print in this process with its own.
+    os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
     try:
         import ray
     except ImportError:
