@@ -104,3 +104,27 @@ def test_several_cpu_slots_do_not_time(tmp_path, cache_dir, capsys):
                            "--slots", "2"], tmp_path, cache_dir)
     assert code == 2 and results is None
     assert "add --no-timing" in capsys.readouterr().err
+
+
+def test_a_problem_split_over_units_keeps_one_record():
+    from kbench.results import Benchmark, ProblemRun
+
+    class Sink:
+        problems: list[ProblemRun] = []
+
+        def problem(self, problem):
+            self.problems.append(problem)
+
+    def record(table: str, note: str) -> dict:
+        return {"problem": ProblemRun("p", "p.py", "d", notes=[note], reference=[
+            Benchmark(params={"n": 1}, dtype=table)]).to_dict()}
+
+    sink = Sink()
+    deliver = units.Delivery(sink, print)
+    deliver(record("first", "screened on gpu 0"), "gpu 0", 0)
+    deliver(record("second", "screened on gpu 1"), "gpu 1", 1)
+    deliver(record("first, end", "drifted on gpu 0"), "gpu 0", 0)
+    last = sink.problems[-1]
+    assert last.reference[0].dtype == "first, end"  # the first unit's table, as it last was
+    assert last.notes[:3] == ["screened on gpu 0", "screened on gpu 1", "drifted on gpu 0"]
+    assert "graded in 2 units" in last.notes[3]

@@ -78,6 +78,7 @@ class RayExecutor:
         pending = {grade.remote(unit.to_dict()): unit
                    for unit in units.split(jobs, self.slots, self.environment_problem, None)}
         self.say(f"grading on Ray: {len(pending)} unit(s) over {self.slots} slot(s)")
+        deliver = units.Delivery(sink, self.say)
         while pending:
             (ref,), _ = self.ray.wait(list(pending), num_returns=1)
             unit = pending.pop(ref)
@@ -90,4 +91,4 @@ class RayExecutor:
                     sink.result(result)
                 continue
             for event in events:
-                units.deliver(event, sink, self.say, "ray")
+                deliver(event, f"ray unit {unit.number}", unit.number)

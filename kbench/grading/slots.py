@@ -76,16 +76,16 @@ class SlotsExecutor:
             work.put((unit, 0))
         self.say(f"grading on {len(self.slots)} slot(s): {', '.join(s.name for s in self.slots)}"
                  f"; {work.qsize()} unit(s), builds with {cores} core(s) per slot")
-        outbox: queue.Queue[tuple[str, units.Event | None]] = queue.Queue()
+        outbox: queue.Queue[tuple[str, int, units.Event | None]] = queue.Queue()
         for slot in self.slots:
             threading.Thread(target=self._serve, args=(slot, work, outbox), daemon=True).start()
-        running = len(self.slots)
+        running, deliver = len(self.slots), units.Delivery(sink, self.say)
         while running:  # this thread alone passes events on: the store has one writer
-            where, event = outbox.get()
+            where, number, event = outbox.get()
             if event is None:
                 running -= 1
             else:
-                units.deliver(event, sink, self.say, where)
+                deliver(event, where, number)
         self.say("note: the slots shared the output folder and the build cache, so writes "
                  "there could not be told from a submission's and went unchecked (kbench's "
                  "code, the problems and each submission's own file stayed watched)")
@@ -108,17 +108,17 @@ class SlotsExecutor:
                 process.kill()
                 why = f"its slot ({slot.name}) process ended (exit status {process.wait()})"
                 if tries < _RETRIES:
-                    outbox.put((slot.name, {"say": f"lost {len(left)} job(s): {why}; queued "
-                                                   "again"}))
-                    work.put((units.Unit(left, unit.environment_problem, unit.cores), tries + 1))
+                    outbox.put((slot.name, unit.number, {
+                        "say": f"lost {len(left)} job(s): {why}; queued again"}))
+                    work.put((unit.rest(left), tries + 1))
                 else:
                     for result in units.lost(left, why):
-                        outbox.put((slot.name, {"result": result.to_dict()}))
+                        outbox.put((slot.name, unit.number, {"result": result.to_dict()}))
         finally:
             if process is not None:
                 process.stdin.close()
                 process.wait()
-            outbox.put((slot.name, None))
+            outbox.put((slot.name, -1, None))
 
     @staticmethod
     def _unit(process: subprocess.Popen, unit: units.Unit, outbox: queue.Queue,
@@ -134,7 +134,7 @@ class SlotsExecutor:
                     break
                 if "result" in event:
                     left.pop(event["result"]["name"], None)
-                outbox.put((slot.name, event))
+                outbox.put((slot.name, unit.number, event))
         except (OSError, ValueError):  # the process went, or its stream broke
             pass
         return list(left.values())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kbench.grading.executor import Job, LocalExecutor, Sink
 from kbench.grading.options import Options
@@ -26,15 +26,20 @@ class Unit:
     jobs: list[Job]
     environment_problem: str | None  # what kbench.doctor found on the driver's machine
     cores: int | None  # host cores the unit's builds share
+    number: int = 0  # its place in the run's units (a retry keeps it)
 
     def to_dict(self) -> dict:
-        return {"jobs": [j.to_dict() for j in self.jobs],
+        return {"jobs": [j.to_dict() for j in self.jobs], "number": self.number,
                 "environment_problem": self.environment_problem, "cores": self.cores}
 
     @classmethod
     def from_dict(cls, data: dict) -> Unit:
         return cls([Job.from_dict(j) for j in data["jobs"]], data["environment_problem"],
-                   data["cores"])
+                   data["cores"], data["number"])
+
+    def rest(self, jobs: list[Job]) -> Unit:
+        """The same unit with only ``jobs`` left, to grade again."""
+        return Unit(jobs, self.environment_problem, self.cores, self.number)
 
     def options(self) -> Options:
         return Options.from_dict({**self.jobs[0].options, "cores": self.cores})
@@ -49,11 +54,11 @@ def split(jobs: list[Job], slots: int, environment_problem: str | None,
     for job in jobs:
         groups.setdefault((job.task, job.problem), []).append(job)
     pieces = max(1, math.ceil(slots / max(1, len(groups))))
-    units = []
+    units: list[Unit] = []
     for group in groups.values():
         size = math.ceil(len(group) / min(pieces, len(group)))
-        units += [Unit(group[i:i + size], environment_problem, cores)
-                  for i in range(0, len(group), size)]
+        units += [Unit(group[i:i + size], environment_problem, cores, len(units) + k)
+                  for k, i in enumerate(range(0, len(group), size))]
     return units
 
 
@@ -87,17 +92,40 @@ def run(unit: Unit, emit: Emit) -> None:
     executor.run(unit.jobs, EventSink(emit))
 
 
-def deliver(event: Event, sink: Sink, say: Callable[[str], None], where: str) -> str | None:
-    """Pass one event on; the name of the submission it gave a result for, if any."""
-    if "result" in event:
-        result = SubmissionResult.from_dict(event["result"])
-        sink.result(result)
-        return result.name
-    if "problem" in event:
-        sink.problem(ProblemRun.from_dict(event["problem"]))
-    elif "say" in event:
-        say(f"[{where}] {event['say']}")
-    return None
+class Delivery:
+    """Events into the sink, in the one process that writes the store. A problem split over
+    several units is screened and its reference timed in each (each unit's speedups divide its
+    own reference's rounds); the store keeps one record of it: the first unit's reference
+    table, with every unit's notes and a note saying so."""
+
+    def __init__(self, sink: Sink, say: Callable[[str], None]) -> None:
+        self.sink, self.say = sink, say
+        self.records: dict[str, tuple[int, ProblemRun]] = {}  # name: (its unit, record)
+        self.notes: dict[str, list[str]] = {}
+        self.units: dict[str, set[int]] = {}
+
+    def __call__(self, event: Event, where: str, unit: int) -> None:
+        if "result" in event:
+            self.sink.result(SubmissionResult.from_dict(event["result"]))
+        elif "problem" in event:
+            self._problem(ProblemRun.from_dict(event["problem"]), unit)
+        elif "say" in event:
+            self.say(f"[{where}] {event['say']}")
+
+    def _problem(self, problem: ProblemRun, unit: int) -> None:
+        name = problem.name
+        owner, record = self.records.setdefault(name, (unit, problem))
+        if owner == unit:
+            record = problem
+            self.records[name] = (unit, record)
+        units = self.units.setdefault(name, set())
+        units.add(unit)
+        notes = self.notes.setdefault(name, [])
+        notes += [n for n in problem.notes if n not in notes]
+        split = [f"graded in {len(units)} units, each timing the reference on its own slot: "
+                 "the table is the first's, and each submission's speedups divide the "
+                 "reference rounds of its own unit"] if len(units) > 1 else []
+        self.sink.problem(replace(record, notes=notes + split))
 
 
 def lost(jobs: list[Job], why: str) -> list[SubmissionResult]:
