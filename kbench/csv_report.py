@@ -3,9 +3,10 @@ submission without timings), for pandas or a spreadsheet. Times in ms, rates in 
 TFLOP/s, intervals 95 %; an empty cell is a figure that does not exist.
 
 Columns, in order:
-    run_id, profile, problem, submission, status  -- the run, its timing profile (full or
-                       quick: how much evidence every figure of the row rests on), names, and
-                       the verdict
+    run_id, profile, problem, submission, backend, status  -- the run, its timing profile
+                       (full or quick: how much evidence every figure of the row rests on),
+                       names, the kernel language (cuda, triton, cute_dsl, tilelang, pytorch)
+                       and the verdict
     reason             the verdict's reason (empty for ok)
     cases_passed, cases_total
     speedup, speedup_low, speedup_high   -- the submission's overall (geometric mean)
@@ -28,7 +29,8 @@ import io
 
 from kbench.results import Benchmark, RunResult, SubmissionResult
 
-COLUMNS = ("run_id", "profile", "problem", "submission", "status", "reason", "cases_passed", "cases_total",
+COLUMNS = ("run_id", "profile", "problem", "submission", "backend", "status", "reason",
+           "cases_passed", "cases_total",
            "speedup", "speedup_low", "speedup_high", "size", "dtype", "size_speedup",
            "size_speedup_low", "size_speedup_high", "size_compile_speedup",
            "size_compile_low", "size_compile_high", "ms", "ms_low", "ms_high",
@@ -46,7 +48,8 @@ def table(run: RunResult) -> str:
 
 
 def _row(run: RunResult, sub: SubmissionResult, b: Benchmark | None) -> dict:
-    row = {"run_id": run.run_id, "profile": run.profile, "problem": sub.problem, "submission": sub.name,
+    row = {"run_id": run.run_id, "profile": run.profile, "problem": sub.problem,
+           "submission": sub.name, "backend": sub.backend,
            "status": sub.status.value, "reason": sub.reason, "cases_passed": sub.cases_passed,
            "cases_total": sub.cases_total, "speedup": sub.speedup,
            **_bounds("speedup", sub.speedup_ci), "flags": ";".join(sub.flags),

@@ -150,6 +150,7 @@ def _leaderboard(run: RunResult) -> str:
             "<tr>" + (f"<td>{escape(sub.problem)}</td>" if many else "")
             + f"<td><a href='#{_anchor(sub)}'>{escape(sub.name)}</a></td>"
             f"<td data-v='{escape(sub.status.value)}'>{_verdict(sub.status)}</td>"
+            f"<td>{escape(sub.backend or '-')}</td>"
             f"<td class=num data-v='{sub.speedup or 0}'>{_x(sub.speedup, sub.speedup_ci)}</td>"
             f"<td class=num data-v='{low or 0}'>{f'{low:.3f}x' if low else '-'}</td>"
             f"<td class=num data-v='{sub.compile_speedup or 0}'>"
@@ -157,7 +158,8 @@ def _leaderboard(run: RunResult) -> str:
             f"<td class=num>{sub.cases_passed}/{sub.cases_total}</td>"
             f"<td>{escape(', '.join(sub.flags))}</td></tr>")
     head = ("<th>problem</th>" if many else "") + (
-        "<th>submission</th><th>verdict</th><th>speedup (95 % interval)</th><th>lower bound"
+        "<th>submission</th><th>verdict</th><th>backend</th><th>speedup (95 % interval)</th>"
+        "<th>lower bound"
         "</th><th>vs compile</th><th>cases</th><th>flags</th>")
     return (f"<h2>Leaderboard</h2><table class=sortable><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")

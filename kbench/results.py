@@ -92,6 +92,7 @@ class SubmissionResult:
     logs: list[str] = field(default_factory=list)
     reused_from_run: int | None = None  # copied from that run: same file, task and software
     problem: str = ""  # the task's name: l2norm, level1/19_ReLU
+    backend: str = ""  # the kernel language that claimed it (kbench.backends): cuda, triton...
 
     def to_dict(self) -> dict:
         data = asdict(self)

@@ -52,3 +52,40 @@ def test_a_job_is_a_plain_value(tmp_path):
                               seed=1).to_dict())
     assert Job.from_dict(job.to_dict()) == job
     assert job.submission().name == "a"
+
+
+def test_kernel_languages_are_recognised_by_their_imports():
+    assert backends.for_source("import triton\nimport triton.language as tl\n").name == "triton"
+    assert backends.for_source("from triton import language as tl\n").name == "triton"
+    assert backends.for_source("import cutlass.cute as cute\n").name == "cute_dsl"
+    assert backends.for_source("from tilelang import language as T\n").name == "tilelang"
+    assert backends.for_source("x = 'import triton'\n").name == "pytorch"  # not an import
+    assert backends.for_source(CUDA_SOURCE + "\nimport triton\n").name == "cuda"  # needs nvcc
+    found = Toolchain("/usr/local/cuda", "13.0", "9.0")
+    triton = backends.for_source("import triton\n")
+    assert triton.env(found, Path("/tmp/b"), 2)["TRITON_CACHE_DIR"] == "/tmp/b/triton-cache"
+    assert triton.cannot_run("cpu", found).status is Status.SKIPPED
+    assert triton.cannot_run("cuda", found) is None
+
+
+def test_kernel_languages_on_a_machine_without_gpu(tmp_path, cache_dir):
+    # Recognised, named in the results, syntax checked, and skipped with the reason.
+    from conftest import FIXTURES, ROOT, by_name, grade, quick_task
+
+    task = quick_task(tmp_path)
+    code, results = grade([str(ROOT / "bench" / "submissions" / "l2norm_triton.py"),
+                           str(FIXTURES / "dsl"), "--task", str(task), "--device", "cpu",
+                           "--no-timing"], tmp_path / "out", cache_dir)
+    subs = by_name(results)
+    assert code == 0
+    assert {n: s["backend"] for n, s in subs.items()} == {
+        "l2norm_triton": "triton", "l2norm_triton_syntax": "triton",
+        "l2norm_cute": "cute_dsl", "l2norm_cute_syntax": "cute_dsl"}
+    for name in ("l2norm_triton", "l2norm_cute"):
+        assert subs[name]["status"] == "skipped", subs[name]["reason"]
+    assert "Triton" in subs["l2norm_triton"]["reason"]
+    assert "CuTe DSL" in subs["l2norm_cute"]["reason"]
+    for name in ("l2norm_triton_syntax", "l2norm_cute_syntax"):
+        assert subs[name]["status"] == "import_error", subs[name]["reason"]
+        assert "SyntaxError" in subs[name]["reason"]
+    assert ",l2norm_triton,triton,skipped," in (tmp_path / "out" / "results.csv").read_text()

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from kbench.backends.base import Backend
 from kbench.backends.cuda_inline import CudaInline
+from kbench.backends.python_dsl import CUTE_DSL, TILELANG, TRITON
 from kbench.backends.pytorch import PyTorch
 
-BACKENDS: tuple[Backend, ...] = (CudaInline(), PyTorch())
+# CUDA first: a file that also compiles CUDA C++ needs nvcc whatever else it uses.
+BACKENDS: tuple[Backend, ...] = (CudaInline(), TRITON, CUTE_DSL, TILELANG, PyTorch())
 
 
 def for_source(source: str) -> Backend:

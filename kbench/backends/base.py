@@ -15,8 +15,8 @@ class Backend:
         """Is this submission (its source text, never imported here) written for me?"""
         raise NotImplementedError
 
-    def unavailable(self, toolchain: Toolchain, environment_problem: str | None
-                    ) -> Verdict | None:
+    def unavailable(self, toolchain: Toolchain, environment_problem: str | None,
+                    source: str = "") -> Verdict | None:
         """Why it cannot be built on this machine at all (checked before building)."""
         return None
 

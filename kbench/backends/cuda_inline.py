@@ -15,8 +15,8 @@ class CudaInline(Backend):
     def claims(self, source: str) -> bool:
         return scan.needs_cuda(source)
 
-    def unavailable(self, toolchain: Toolchain, environment_problem: str | None
-                    ) -> Verdict | None:
+    def unavailable(self, toolchain: Toolchain, environment_problem: str | None,
+                    source: str = "") -> Verdict | None:
         if environment_problem:  # the machine's fault, said once per run (kbench.doctor)
             return Verdict(Status.ENVIRONMENT_ERROR, environment_problem)
         if not toolchain.cuda_home:

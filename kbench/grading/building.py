@@ -81,8 +81,9 @@ def _outcome(built: Built) -> str:
 def _build(ctx: Context, sub: Submission, parallel: int,
            environment_problem: str | None) -> Built:
     """Import the submission once in its own process: this compiles its extensions."""
-    backend = backends.for_source(sub.path.read_text(errors="replace"))
-    if verdict := backend.unavailable(ctx.toolchain, environment_problem):
+    source = sub.path.read_text(errors="replace")
+    backend = backends.for_source(source)
+    if verdict := backend.unavailable(ctx.toolchain, environment_problem, source):
         return Built(verdict, 0.0)
     start = time.monotonic()
     try:

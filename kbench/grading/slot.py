@@ -32,7 +32,7 @@ class Slot:
             name=sub.name, path=str(sub.path), sha256=sub.sha256,
             status=Status.OK, cases_total=len(ctx.cases), flags=scan.flags(source),
             build_s=round(built.seconds, 2), logs=[str(ctx.logs / f"{sub.log_name}.build.log")],
-            problem=ctx.task.name)
+            problem=ctx.task.name, backend=backends.for_source(source).name)
         verdict = built.verdict
         changed = self.watcher.watch([sub.path], [ctx.logs, building.folder(ctx, sub)])
         if verdict is None:
