@@ -9,7 +9,9 @@ import ast
 import re
 
 _CUDA_SOURCE = re.compile(r"\bcuda_sources\s*=|__global__|\.cu['\"]")
-_CUSTOM_KERNEL = re.compile(r"\bload_inline\b|\bcpp_extension\.load\b|__global__|@triton\.jit")
+# CUDA C++ through torch's extensions, a Triton kernel, a CuTe DSL kernel, a TileLang kernel.
+_CUSTOM_KERNEL = re.compile(r"\bload_inline\b|\bcpp_extension\.load\b|__global__|@triton\.jit|"
+                            r"@cute\.(kernel|jit)\b|@T\.prim_func\b|@tilelang\.jit\b")
 
 
 def needs_cuda(source: str) -> bool:
@@ -23,6 +25,9 @@ _LABELS = {
         r"\b(F|functional)\.\w*norm\w*\b|\btorch\.(linalg|norm|matmul|einsum|cdist)\b|"
         r"\b(at|torch)::(norm|linalg_\w+|matmul|mm|bmm|sum|div)\b|cublas|cudnn"),
     "try-except": re.compile(r"^\s*(try\s*:|except\b)|\bcatch\s*\(", re.MULTILINE),
+    # KernelBench's static patterns: the reference's own class, and torch's functional ops.
+    "inherits-model": re.compile(r"^\s*class\s+ModelNew\s*\(\s*Model\s*\)", re.MULTILINE),
+    "torch-functional": re.compile(r"\b(F|functional)\.\w+\s*\("),
     # Streams other than the caller's (launching on getCurrentCUDAStream() is the norm).
     "streams": re.compile(r"cuda\.Stream\b|cuda\.stream\(|cudaStreamCreate|getStreamFromPool|"
                           r"setCurrentCUDAStream|CUDAStreamGuard"),

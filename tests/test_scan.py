@@ -10,6 +10,9 @@ KERNEL = 'load_inline(name="k", cuda_sources="__global__ void k() {}")\n'
     ("n = torch.linalg.vector_norm(x, dim=1)", "library-compute"),
     ("auto n = at::norm(x, 2, {1}, true);", "library-compute"),
     ("try:\n    y = ext.run(x)\nexcept RuntimeError:\n    y = x", "try-except"),
+    ("class ModelNew(Model):\n    pass", "inherits-model"),
+    ("y = torch.nn.functional.gelu(x)", "torch-functional"),
+    ("y = F.relu(x)", "torch-functional"),
     ("s = torch.cuda.Stream()", "streams"),
     ("cudaStream_t s; cudaStreamCreate(&s);", "streams"),
     ("auto s = at::cuda::getStreamFromPool(); at::cuda::setCurrentCUDAStream(s);", "streams"),
@@ -34,3 +37,10 @@ def test_plain_kernel_has_no_labels():
     # launching on the caller's stream, as every kernel should, is not a label
     assert scan.flags(KERNEL + "cudaStream_t s = at::cuda::getCurrentCUDAStream();") == []
     assert scan.flags("y = x * 2") == ["no-custom-kernel"]
+
+
+@pytest.mark.parametrize("kernel", ["@triton.jit\ndef k(x_ptr): pass",
+                                    "@cute.kernel\ndef k(a): pass",
+                                    "@T.prim_func\ndef k(A: T.Tensor): pass"])
+def test_kernels_of_every_language_count_as_custom(kernel):
+    assert "no-custom-kernel" not in scan.flags(kernel)
