@@ -72,6 +72,10 @@ def from_error(error: WorkerError, stage: str, device: str, log: str) -> Verdict
                                            or kind.endswith("CalledProcessError")):
         line = first_error_line(log) or first_error_line(message) or first
         return Verdict(Status.BUILD_ERROR, line[:300])
+    if kind.endswith("CompilationError"):  # Triton's: where, the source, then what went wrong
+        last = next((line.strip() for line in reversed(message.splitlines()) if line.strip()),
+                    first)
+        return Verdict(Status.BUILD_ERROR, f"{stage}: Triton: {first} {last}"[:300])
     if device == "cpu" and any(s in text for s in _NO_GPU):
         return Verdict(Status.SKIPPED, f"needs a CUDA device; none here ({said})")
     if any(s in text for s in _OOM):

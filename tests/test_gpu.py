@@ -96,3 +96,18 @@ def test_patched_and_tampered_clocks(tmp_path, cache_dir):
     assert forged["status"] == "flagged", forged["reason"]
     honest = twin["benchmarks"][0]["candidate"]
     assert honest["trusted_ms"] <= 1.15 * honest["ms"] + honest["host_ms"] + 0.1
+
+
+def test_triton_is_compiled_in_the_build_and_graded(tmp_path, cache_dir):
+    # The Triton l2norm is correct and timed; a Triton compile error is a build_error quoting
+    # Triton, found by the build's warm-up launch.
+    task = quick_task(tmp_path, **{"limits.host_memory_gib": 16})
+    code, results = grade([str(ROOT / "bench" / "submissions" / "l2norm_triton.py"),
+                           str(FIXTURES / "dsl_gpu"), "--task", str(task)], tmp_path / "out",
+                          cache_dir)
+    subs = by_name(results)
+    ok, broken = subs["l2norm_triton"], subs["l2norm_triton_compile_error"]
+    assert code == 0 and ok["status"] == "ok" and ok["speedup"] > 0, ok["reason"]
+    assert ok["backend"] == "triton" and (tmp_path / "out" / "logs").is_dir()
+    assert broken["status"] == "build_error" and "Triton" in broken["reason"], broken["reason"]
+    assert "undefined_scale" in broken["reason"]

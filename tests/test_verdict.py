@@ -41,6 +41,16 @@ def test_build_error_quotes_first_compiler_line():
     assert verdict.reason == 'foo.cu(3): error: identifier "bar" is undefined'
 
 
+def test_a_triton_compile_error_is_a_build_error_quoting_triton():
+    message = ("at 12:8:\n    acc = tl.zeros([BLOCK], dtype=tl.float32)\n        ^\n"
+               "NameError('BLOCK is not defined')")
+    verdict = from_error(err("triton.compiler.errors.CompilationError", message),
+                         "build (JIT warm-up, case 0)", "cuda", log="")
+    assert verdict.status is Status.BUILD_ERROR
+    assert verdict.reason == ("build (JIT warm-up, case 0): Triton: at 12:8: "
+                              "NameError('BLOCK is not defined')")
+
+
 class Sneaky:
     def __reduce__(self):
         return (print, ("pwned",))

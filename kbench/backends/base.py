@@ -10,6 +10,7 @@ from kbench.verdict import Verdict
 
 class Backend:
     name = "?"
+    jit = False  # compiles at a kernel's first launch (kbench.grading.building warms it)
 
     def claims(self, source: str) -> bool:
         """Is this submission (its source text, never imported here) written for me?"""

@@ -16,6 +16,8 @@ from kbench.verdict import Status, Verdict
 
 
 class PythonDsl(Backend):
+    jit = True
+
     def __init__(self, name: str, label: str, module: str, extra: str,
                  cache_vars: tuple[str, ...]) -> None:
         self.name, self.label, self.module, self.extra = name, label, module, extra

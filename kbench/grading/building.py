@@ -4,6 +4,7 @@ into a build folder of its own; in parallel, watched (kbench.grading.watch)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from kbench import backends
+from kbench import backends, protocol
 from kbench.build import build_dir
 from kbench.discovery import Submission
 from kbench.grading.channel import Channel, Stop
@@ -71,6 +72,34 @@ def build_all(ctx: Context, watcher: Watcher, submissions: list[Submission],
     return built
 
 
+_JIT_WARMING = threading.Lock()  # builds run in parallel; warm-ups use the device one at a time
+
+
+def _warm(ctx: Context, channel: Channel, sub: Submission) -> None:
+    """A kernel language that compiles at a kernel's first launch: each correctness case's
+    sizes and dtype run once here, so that compilation falls in the build stage, under its
+    deadline, into the submission's own cache (kbench.backends.python_dsl), and the cases'
+    deadlines time the kernels, not the compiler. A compile error stops the build
+    (build_error, kbench.verdict); any other failure is left to the correctness stage, which
+    names the case."""
+    channel.load(sub, instantiate=True, stage="build (JIT warm-up)")
+    seen = set()
+    for case in ctx.cases:
+        if (key := repr((case.params, case.dtype))) in seen:
+            continue
+        seen.add(key)
+        inputs = ctx.draw(case.params, case.dtype, case.distribution, case.seed)
+        try:
+            channel.call(protocol.Run(inputs, ctx.spec(case.params, case.dtype)),
+                         ctx.task.limits.build_s, f"build (JIT warm-up, {case.describe()})")
+        except Stop as stop:
+            if stop.verdict.status is Status.BUILD_ERROR:
+                raise
+            return
+        finally:
+            del inputs
+
+
 def _outcome(built: Built) -> str:
     if built.verdict is None:
         return f"built in {built.seconds:.0f} s"
@@ -89,6 +118,10 @@ def _build(ctx: Context, sub: Submission, parallel: int,
     try:
         with Channel(ctx, f"{sub.name}.build.log", env(ctx, sub, parallel)) as channel:
             channel.load(sub, instantiate=False, stage="build")
+        if backend.jit and ctx.device.type == "cuda":
+            with _JIT_WARMING, Channel(ctx, f"{sub.name}.warm.log",
+                                       env(ctx, sub, parallel)) as channel:
+                _warm(ctx, channel, sub)
     except Stop as stop:
         return Built(stop.verdict, time.monotonic() - start)
     except Exception as exc:  # a kbench bug must not end the run or blame the submission
