@@ -128,3 +128,29 @@ def test_a_problem_split_over_units_keeps_one_record():
     assert last.reference[0].dtype == "first, end"  # the first unit's table, as it last was
     assert last.notes[:3] == ["screened on gpu 0", "screened on gpu 1", "drifted on gpu 0"]
     assert "graded in 2 units" in last.notes[3]
+
+
+def test_slots_that_cannot_start_leave_no_job_without_a_verdict(tmp_path, monkeypatch):
+    from kbench.grading import slots
+    from kbench.grading.options import Options
+
+    def cannot_start(slot):
+        raise OSError("exec format error")
+
+    class Sink:
+        def __init__(self):
+            self.results = []
+
+        def problem(self, problem):
+            pass
+
+        def result(self, result):
+            self.results.append(result)
+
+    monkeypatch.setattr(slots, "_start", cannot_start)
+    options = Options(device="cpu", out_dir=tmp_path, cache_dir=tmp_path, jobs=1, seed=1)
+    sink = Sink()
+    slots.SlotsExecutor(options, specs(Device.CPU, None, 2)).run(
+        [_job("a", "a_0"), _job("b", "b_0"), _job("b", "b_1")], sink)
+    assert sorted(r.name for r in sink.results) == ["a_0", "b_0", "b_1"]
+    assert {r.status.value for r in sink.results} == {"infrastructure_error"}

@@ -8,6 +8,7 @@ ending each unit with ``{"done": true}``; whatever else it prints goes to stderr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -86,6 +87,10 @@ class SlotsExecutor:
                 running -= 1
             else:
                 deliver(event, where, number)
+        while not work.empty():  # every slot's process failed to start: no verdict is guessed
+            unit, _ = work.get()
+            for result in units.lost(unit.jobs, "no slot was left to grade it"):
+                deliver({"result": result.to_dict()}, "driver", unit.number)
         self.say("note: the slots shared the output folder and the build cache, so writes "
                  "there could not be told from a submission's and went unchecked (kbench's "
                  "code, the problems and each submission's own file stayed watched)")
@@ -101,7 +106,13 @@ class SlotsExecutor:
                 except queue.Empty:
                     break
                 if process is None or process.poll() is not None:
-                    process = _start(slot)
+                    try:
+                        process = _start(slot)
+                    except OSError as exc:  # this slot cannot run: its unit goes back
+                        outbox.put((slot.name, unit.number, {"say": f"cannot start: {exc}"}))
+                        work.put((unit, tries))
+                        process = None
+                        break
                 left = self._unit(process, unit, outbox, slot)
                 if not left:
                     continue
@@ -116,7 +127,8 @@ class SlotsExecutor:
                         outbox.put((slot.name, unit.number, {"result": result.to_dict()}))
         finally:
             if process is not None:
-                process.stdin.close()
+                with contextlib.suppress(OSError):
+                    process.stdin.close()
                 process.wait()
             outbox.put((slot.name, -1, None))
 
@@ -135,7 +147,7 @@ class SlotsExecutor:
                 if "result" in event:
                     left.pop(event["result"]["name"], None)
                 outbox.put((slot.name, unit.number, event))
-        except (OSError, ValueError):  # the process went, or its stream broke
+        except Exception:  # the process went, or its stream broke: its unfinished jobs are left
             pass
         return list(left.values())
 
