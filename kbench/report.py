@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from kbench.grading.options import RIGOUR
+from kbench.grading.options import RIGOUR, Profile
 from kbench.peaks import peak_tflops
 from kbench.results import (
     Benchmark,
@@ -28,16 +28,6 @@ _CLOCK = {
             "(work left on other streams is the call's)",
     "cpu": "wall clock around each call",
 }
-def profile_text(profile: str) -> str:
-    """What a timing profile gathered, for the reports' headers."""
-    r = RIGOUR.get(profile)
-    if r is None:
-        return "unknown"
-    return (f"{r.rounds} rounds per size alternating with the reference, {r.fresh_rounds} "
-            f"fresh-process rounds for launch-bound sizes, {r.share:.0%} of the task's samples "
-            "and time budget" + ("" if r.compile_baseline else ", no torch.compile baseline"))
-
-
 _MODE = {
     ("eager", "cuda"): "eager: one call per sample, queued behind a short spin kernel that "
                        "fills every SM, so the interval is the device's time for the call "
@@ -64,6 +54,17 @@ def progress_line(result: SubmissionResult, index: int, total: int) -> str:
 
 def _shape(b: Benchmark) -> str:
     return params_text(b.params)
+
+
+def profile_text(profile: str) -> str:
+    """What a timing profile gathered, for the reports' headers."""
+    try:
+        r = RIGOUR[Profile(profile)]
+    except ValueError:  # written by a kbench with other profiles
+        return "unknown"
+    return (f"{r.rounds} rounds per size alternating with the reference, {r.fresh_rounds} "
+            f"fresh-process rounds for launch-bound sizes, {r.share:.0%} of the task's samples "
+            "and time budget" + ("" if r.compile_baseline else ", no torch.compile baseline"))
 
 
 def ms_text(m: Measurement | None) -> str:

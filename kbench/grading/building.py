@@ -116,11 +116,11 @@ def _build(ctx: Context, sub: Submission, parallel: int,
         return Built(verdict, 0.0)
     start = time.monotonic()
     try:
-        with Channel(ctx, f"{sub.name}.build.log", env(ctx, sub, parallel)) as channel:
+        environment = env(ctx, sub, parallel)
+        with Channel(ctx, f"{sub.name}.build.log", environment) as channel:
             channel.load(sub, instantiate=False, stage="build")
         if backend.jit and ctx.device.type == "cuda":
-            with _JIT_WARMING, Channel(ctx, f"{sub.name}.warm.log",
-                                       env(ctx, sub, parallel)) as channel:
+            with _JIT_WARMING, Channel(ctx, f"{sub.name}.warm.log", environment) as channel:
                 _warm(ctx, channel, sub)
     except Stop as stop:
         return Built(stop.verdict, time.monotonic() - start)

@@ -32,14 +32,13 @@ class Rigour:
     target_ci: float  # times the task's target interval
     compile_baseline: bool  # time torch.compile of the reference too
 
-    # On an H200, five grades' speedups at 16x16384 spread 6 % with all rounds in one process,
-    # 3.8 % with 3 fresh-process rounds and 3.0 % with 8 (docs/timing.md): quick keeps 3.
 
-
-RIGOUR = {"full": Rigour(rounds=3, fresh_rounds=8, share=1.0, target_ci=1.0,
-                         compile_baseline=True),
-          "quick": Rigour(rounds=2, fresh_rounds=3, share=0.4, target_ci=2.0,
-                          compile_baseline=False)}
+# On an H200, five grades' speedups at 16x16384 spread 6 % with all rounds in one process,
+# 3.8 % with 3 fresh-process rounds and 3.0 % with 8 (docs/timing.md): quick keeps 3.
+RIGOUR = {Profile.FULL: Rigour(rounds=3, fresh_rounds=8, share=1.0, target_ci=1.0,
+                               compile_baseline=True),
+          Profile.QUICK: Rigour(rounds=2, fresh_rounds=3, share=0.4, target_ci=2.0,
+                                compile_baseline=False)}
 
 
 class OptionsError(ValueError):
@@ -84,7 +83,7 @@ class Options:
 
     @property
     def rigour(self) -> Rigour:
-        return RIGOUR[self.profile.value]
+        return RIGOUR[self.profile]
 
     @property
     def timed(self) -> bool:

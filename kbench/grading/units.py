@@ -39,7 +39,7 @@ class Unit:
 
     def rest(self, jobs: list[Job]) -> Unit:
         """The same unit with only ``jobs`` left, to grade again."""
-        return Unit(jobs, self.environment_problem, self.cores, self.number)
+        return replace(self, jobs=jobs)
 
     def options(self) -> Options:
         return Options.from_dict({**self.jobs[0].options, "cores": self.cores})
