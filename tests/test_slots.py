@@ -154,3 +154,18 @@ def test_slots_that_cannot_start_leave_no_job_without_a_verdict(tmp_path, monkey
         [_job("a", "a_0"), _job("b", "b_0"), _job("b", "b_1")], sink)
     assert sorted(r.name for r in sink.results) == ["a_0", "b_0", "b_1"]
     assert {r.status.value for r in sink.results} == {"infrastructure_error"}
+
+
+def test_each_unit_says_its_lines_through_its_own_emit(tmp_path, monkeypatch):
+    # A Ray worker process grades many units, each returning its own list of events.
+    from kbench.grading.executor import LocalExecutor
+    from kbench.grading.options import Options
+
+    monkeypatch.setattr(LocalExecutor, "run", lambda self, jobs, sink: self.say(jobs[0].name))
+    options = Options(device="cpu", out_dir=tmp_path, cache_dir=tmp_path, jobs=1, seed=1)
+    first, second = [], []
+    for name, events in (("a_0", first), ("b_0", second)):
+        job = Job(task="t.py", problem="p", name=name, path=f"{name}.py", sha256="0",
+                  options=options.to_dict())
+        units.run(units.Unit([job], None, 1), events.append)
+    assert first == [{"say": "a_0"}] and second == [{"say": "b_0"}]

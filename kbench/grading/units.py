@@ -83,11 +83,12 @@ def run(unit: Unit, emit: Emit) -> None:
     options = unit.options()
     key = repr(options)
     if key not in _executors:
-        executor = LocalExecutor(options, lambda line: emit({"say": line}))
+        executor = LocalExecutor(options)
         executor.note_unwatched = False  # the driver says it once for all slots
         executor.watch_out_dir()
         _executors[key] = executor
     executor = _executors[key]
+    executor.say = lambda line: emit({"say": line})  # this unit's emit (a Ray task has its own)
     executor.environment_problem = unit.environment_problem
     executor.run(unit.jobs, EventSink(emit))
 
