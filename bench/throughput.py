@@ -5,14 +5,17 @@ The batch is COUNT copies drawn round-robin from the given submissions (default:
 set), each made distinct by a comment with its number, so every copy builds cold in a fresh
 cache and nothing is reused from an earlier run. Every configuration grades the same batch
 with the same seed, so its verdicts and speedups can be set side by side: for each submission
-correct under both profiles, whether the quick speedup lies inside the full one's interval.
+correct under both, whether the quick speedup lies inside the full one's interval, and whether the speedup
+with several slots lies inside the one-slot interval.
 
     python bench/throughput.py --count 64 --profiles quick full            # one GPU or CPU
     python bench/throughput.py --count 64 --profiles quick --gpus 0 0,1    # 1 and 2 slots
     python bench/throughput.py --count 8 --device cpu --slots 1 2 --executors local ray \
         --no-timing                          # several CPU slots grade correctness only
 
-``--json FILE`` keeps every figure, with each submission's verdict and speedup interval.
+``--json FILE`` keeps every figure, with each submission's verdict and speedup interval; it is
+rewritten after each configuration, and ``--timeout S`` stops a configuration after S seconds
+(its figures then count the results stored by then), so a time-limited machine loses nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -35,11 +40,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass
 class Outcome:
+    name: str  # the configuration's folder, e.g. 2-quick-local-gpus-0_1
     profile: str
     executor: str
     slots: str  # "--gpus 0,1" or "--slots 2"
     slot_count: int
     wall_s: float
+    finished: bool  # False: stopped by --timeout or failed; figures count what it stored
     submissions: int
     statuses: dict[str, int]
     build_s: list[float]
@@ -53,10 +60,11 @@ class Outcome:
     def row(self) -> list[str]:
         busy = ", ".join(f"{g}: {b:.0%}" for g, b in sorted(self.gpu_busy.items())) or "-"
         build = f"{statistics.median(self.build_s):.1f}" if self.build_s else "-"
-        return [self.profile, self.executor, self.slots, str(self.submissions),
+        return [self.name, self.profile, self.executor, self.slots, str(self.submissions),
                 f"{self.wall_s:.0f}", f"{self.per_hour:.0f}",
                 f"{self.per_hour / self.slot_count:.0f}", build, busy,
-                ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))]
+                ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
+                + ("" if self.finished else " (stopped)")]
 
 
 def make_batch(sources: list[Path], count: int, folder: Path) -> None:
@@ -99,8 +107,10 @@ class GpuSampler:
 
 
 def grade(batch: Path, scratch: Path, args: argparse.Namespace, profile: str, executor: str,
-          placement: list[str]) -> Outcome:
-    name = f"{profile}-{executor}-{'-'.join(placement).replace(',', '_').strip('-')}"
+          placement: list[str], index: int) -> Outcome:
+    """One configuration in an output folder of its own (so no result is reused)."""
+    place = "-".join(placement).replace(",", "_").strip("-")
+    name = f"{index}-{profile}-{executor}" + (f"-{place}" if place else "")
     out, cache = scratch / name / "out", scratch / name / "cache"
     command = [sys.executable, "-m", "kbench", "grade", str(batch), "--profile", profile,
                "--executor", executor, "--seed", str(args.seed), "--device", args.device,
@@ -111,18 +121,28 @@ def grade(batch: Path, scratch: Path, args: argparse.Namespace, profile: str, ex
     print(f"{name}: {' '.join(command[3:])}", flush=True)
     start = time.monotonic()
     with GpuSampler() as sampler, log.open("w") as stream:
-        subprocess.run(command, cwd=ROOT, check=True, stdout=stream, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=ROOT, stdout=stream, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        try:
+            finished = process.wait(timeout=args.timeout) == 0
+        except subprocess.TimeoutExpired:  # its slots, workers and compilers go with it
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            finished = False
     wall = time.monotonic() - start
-    results = json.loads((out / "results.json").read_text())
-    subs = results["submissions"]
+    if not finished:  # the store has every result graded so far: report from it
+        subprocess.run([sys.executable, "-m", "kbench", "report", "--out", str(out)], cwd=ROOT,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    report = out / "results.json"
+    subs = json.loads(report.read_text())["submissions"] if report.exists() else []
     gpus = placement[1].split(",") if placement[:1] == ["--gpus"] else None
     statuses: dict[str, int] = {}
     for sub in subs:
         statuses[sub["status"]] = statuses.get(sub["status"], 0) + 1
     count = len(gpus) if gpus else int(placement[1]) if placement[:1] == ["--slots"] else 1
-    outcome = Outcome(profile, executor, " ".join(placement) or "default", count, wall,
-                      len(subs), statuses, [s["build_s"] for s in subs if s.get("build_s")],
-                      sampler.mean(gpus),
+    outcome = Outcome(name, profile, executor, " ".join(placement) or "default", count, wall,
+                      finished, len(subs), statuses,
+                      [s["build_s"] for s in subs if s.get("build_s")], sampler.mean(gpus),
                       {s["name"]: [s["speedup"], *(s["speedup_ci"] or [None, None])]
                        for s in subs if s["status"] == "ok"})
     if args.keep:
@@ -132,15 +152,43 @@ def grade(batch: Path, scratch: Path, args: argparse.Namespace, profile: str, ex
     return outcome
 
 
-def inside(quick: Outcome, full: Outcome) -> list[str]:
-    """Per submission timed under both: is the quick speedup inside the full interval?"""
+def inside(other: Outcome, base: Outcome) -> list[str]:
+    """Per submission timed under both: is ``other``'s speedup inside ``base``'s interval?"""
     lines = []
-    for name, (q, _, _) in sorted(quick.speedups.items()):
-        if name in full.speedups and q is not None and full.speedups[name][1] is not None:
-            s, lo, hi = full.speedups[name]
-            lines.append(f"  {name}: quick {q:.3f}x, full {s:.3f}x ({lo:.3f}-{hi:.3f}): "
+    for name, (q, _, _) in sorted(other.speedups.items()):
+        if name in base.speedups and q is not None and base.speedups[name][1] is not None:
+            s, lo, hi = base.speedups[name]
+            lines.append(f"  {name}: {q:.3f}x against {s:.3f}x ({lo:.3f}-{hi:.3f}): "
                          + ("inside" if lo <= q <= hi else "OUTSIDE"))
     return lines
+
+
+def comparisons(outcomes: list[Outcome]) -> list[tuple[str, Outcome, Outcome]]:
+    """Quick against full on the same slots; more slots against one on the same profile."""
+    pairs = []
+    for other, base in itertools.product(outcomes, outcomes):
+        same_place = (other.executor, other.slots) == (base.executor, base.slots)
+        if (other.profile, base.profile) == ("quick", "full") and same_place or \
+                other.profile == base.profile and base.slot_count == 1 < other.slot_count:
+            pairs.append((f"{other.name} inside {base.name}'s interval", other, base))
+    return pairs
+
+
+def tables(outcomes: list[Outcome]) -> None:
+    header = ["configuration", "profile", "executor", "slots", "subs", "wall s", "subs/h",
+              "subs/h/slot", "median build s", "GPU busy", "verdicts"]
+    print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for outcome in outcomes:
+        print("| " + " | ".join(outcome.row()) + " |")
+    for title, other, base in comparisons(outcomes):
+        print(f"\n{title}:")
+        print("\n".join(inside(other, base)) or "  (no submission timed under both)")
+
+
+def load(files: list[str]) -> list[Outcome]:
+    """Outcomes from earlier --json files, each named after its file too."""
+    return [Outcome(**{**o, "name": f"{Path(f).stem}/{o.get('name', i)}"})
+            for f in files for i, o in enumerate(json.loads(Path(f).read_text()), 1)]
 
 
 def main() -> int:
@@ -157,9 +205,16 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, help="kbench grade --jobs (default: its own)")
     parser.add_argument("--cache", help="one build cache for every configuration (warm after "
                         "the first); default: a fresh one each, so builds are cold")
+    parser.add_argument("--timeout", type=float, help="stop a configuration after this many "
+                        "seconds and count what it stored")
     parser.add_argument("--keep", help="copy each run's reports and log here")
     parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--tables", nargs="+", metavar="JSON", help="grade nothing: print the "
+                        "tables and comparisons of earlier --json files")
     args = parser.parse_args()
+    if args.tables:
+        tables(load(args.tables))
+        return 0
     sources = [Path(p) for p in args.paths] or sorted((ROOT / "kbench/submissions").glob("*.py"))
     placements = [["--gpus", g] for g in args.gpus or []] + \
         [["--slots", s] for s in args.slots or []] or [[]]
@@ -167,22 +222,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kbench-throughput-") as tmp:
         batch = Path(tmp) / "batch"
         make_batch(sources, args.count, batch)
-        for profile, executor, placement in itertools.product(args.profiles, args.executors,
-                                                               placements):
-            outcomes.append(grade(batch, Path(tmp), args, profile, executor, placement))
+        configurations = itertools.product(args.profiles, args.executors, placements)
+        for index, (profile, executor, placement) in enumerate(configurations, 1):
+            outcomes.append(grade(batch, Path(tmp), args, profile, executor, placement, index))
             print(" | ".join(outcomes[-1].row()), flush=True)
-    header = ["profile", "executor", "slots", "subs", "wall s", "subs/h", "subs/h/slot",
-              "median build s", "GPU busy", "verdicts"]
-    print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
-    for outcome in outcomes:
-        print("| " + " | ".join(outcome.row()) + " |")
-    for quick, full in itertools.product(outcomes, outcomes):
-        if (quick.profile, full.profile) == ("quick", "full") and \
-                (quick.executor, quick.slots) == (full.executor, full.slots):
-            print(f"\nquick inside full's interval ({quick.executor}, {quick.slots}):")
-            print("\n".join(inside(quick, full)) or "  (no submission timed under both)")
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
+            if args.json:
+                Path(args.json).write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
+    tables(outcomes)
     return 0
 
 

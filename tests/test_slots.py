@@ -86,6 +86,15 @@ def test_units_keep_problems_whole_while_there_are_enough():
     assert [len(u.jobs) for u in units.split(one[:1], 8, None, 4)] == [1]
 
 
+def test_a_problem_with_most_of_the_run_is_shared_out_largest_first():
+    # Whole problems would give one slot 10 submissions and the other 2.
+    jobs = [_job("b", f"b_{i}") for i in range(2)] + [_job("a", f"a_{i}") for i in range(10)]
+    split = units.split(jobs, 2, None, 4)
+    assert [(u.jobs[0].problem, len(u.jobs)) for u in split] == [("a", 5), ("a", 5), ("b", 2)]
+    assert [u.number for u in split] == [0, 1, 2]
+    assert sorted(j.name for u in split for j in u.jobs) == sorted(j.name for j in jobs)
+
+
 def test_a_lost_job_is_an_infrastructure_error_graded_again_by_resume():
     (result,) = units.lost([_job("a", "a_0")], "its slot (gpu 1) process ended")
     assert result.status.value == "infrastructure_error"

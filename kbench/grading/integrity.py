@@ -35,8 +35,12 @@ _MAX_COPY_SHARE = 1.5
 # _CLOCKED_MS (within 1 and _CLOCKED_MAX_CALLS), so the round trip's noise is small beside it.
 # The submission's median time plus its host dispatch time must explain that pass's time per
 # call, within this share of the median plus this many ms (wider on a CPU, where a pass of warm
-# calls and the cold timed ones differ more).
+# calls and the cold timed ones differ more). Where the best pass fails, as many passes again
+# are timed and the best of all counts: an honest kernel's excess varies from pass set to pass
+# set (on an H200 at 32768x65535, 4.4 ms a call, one set of 48 went 7 % past the slack with
+# two GPUs busy), a kernel hiding work fails every pass.
 _CLOCKED_PASSES = 3
+_CLOCKED_ROUNDS = 2
 _CLOCKED_MS = 20.0
 _CLOCKED_MAX_CALLS = 2000
 _CLOCK_SLACK = {"cuda": (0.15, 0.1), "cpu": (0.5, 1.0)}
@@ -89,43 +93,55 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark) -> None:
     """Time calls on kbench's own clock, where the worker cannot reach: passes of calls back
     to back on fresh input sets (see kbench.worker.kept.clocked), each call followed by a
     device-wide synchronisation, no hold, no flush, as one request whose round trip is timed
-    here, less that of the same pass with no call in it. The best pass's time per call must
-    be explained by the submission's median plus its host dispatch time; work hidden from the
+    here, less that of the same pass with no call in it. The best pass's time per call (over a
+    second set of passes where the first set fails) must be explained by the submission's
+    median plus its host dispatch time; work hidden from the
     stopwatch, or a stopwatch tampered with in the worker, shows up as the difference:
     flagged. The passes' outputs are verified too. Eager mode only: a graph replay's figures
     leave out the per-call dispatch that such a pass includes."""
     if ctx.options.timing is not TimingMode.EAGER:
         return
-    stage = f"benchmark {params_text(bench.params)}"
-    limit = ctx.task.limits.benchmark_s
     mine = bench.candidate
     calls = min(_CLOCKED_MAX_CALLS, max(1, math.ceil(_CLOCKED_MS / mine.ms)))
-    best = math.inf
-    for _ in range(_CLOCKED_PASSES):
-        dtype = ctx.task.benchmark_dtype
-        channel.call(protocol.Prepare(params=bench.params, dtype=dtype,
-                                      distribution=ctx.distribution,
-                                      model=ctx.spec(bench.params, dtype), calls=calls),
-                     limit, stage)
-        seconds = []
-        for empty in (True, False):
-            t0 = time.perf_counter()
-            answer = channel.call(protocol.Clocked(empty), limit, stage)
-            seconds.append(time.perf_counter() - t0)
-            if answer.calls != calls:
-                raise Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker's clocked pass "
-                                   f"did not run the {calls} calls asked for"))
-        verify(ctx, channel, bench.params, answer.kept)
-        best = min(best, max(0.0, seconds[1] - seconds[0]) * 1e3 / calls)
-    mine.trusted_ms = best
     cuda = ctx.device.type == "cuda"
     explained = mine.ms + (mine.host_ms or 0.0 if cuda else 0.0)
     share, ms = _CLOCK_SLACK[ctx.device.type]
-    if best - explained > share * mine.ms + ms:
-        raise Stop(Verdict(Status.FLAGGED, f"{stage}: kbench's own clock took {best:.4g} ms "
-                           f"per call; the submission's timing explains {explained:.4g} ms "
-                           f"({mine.ms:.4g} ms timed + host dispatch): work was hidden from "
-                           "the stopwatch or the stopwatch was tampered with"))
+    allowed = explained + share * mine.ms + ms
+    best = math.inf
+    for _ in range(_CLOCKED_ROUNDS):
+        best = min([best] + [_clocked_pass(ctx, channel, bench, calls)
+                             for _ in range(_CLOCKED_PASSES)])
+        if best <= allowed:
+            break
+    mine.trusted_ms = best
+    if best > allowed:
+        raise Stop(Verdict(Status.FLAGGED, f"benchmark {params_text(bench.params)}: kbench's "
+                           f"own clock took {best:.4g} ms per call at best in "
+                           f"{_CLOCKED_ROUNDS * _CLOCKED_PASSES} passes; the submission's "
+                           f"timing explains {explained:.4g} ms ({mine.ms:.4g} ms timed + "
+                           "host dispatch): work was hidden from the stopwatch or the "
+                           "stopwatch was tampered with"))
+
+
+def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int) -> float:
+    """One pass of ``calls`` calls, its outputs verified: ms per call on kbench's clock."""
+    stage = f"benchmark {params_text(bench.params)}"
+    limit = ctx.task.limits.benchmark_s
+    dtype = ctx.task.benchmark_dtype
+    channel.call(protocol.Prepare(params=bench.params, dtype=dtype,
+                                  distribution=ctx.distribution,
+                                  model=ctx.spec(bench.params, dtype), calls=calls),
+                 limit, stage)
+    seconds = []
+    for empty in (True, False):
+        t0 = time.perf_counter()
+        answer = channel.call(protocol.Clocked(empty), limit, stage)
+        seconds.append(time.perf_counter() - t0)
+        if answer.calls != calls:
+            raise Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker's clocked pass "
+                               f"did not run the {calls} calls asked for"))
+    verify(ctx, channel, bench.params, answer.kept)
+    return max(0.0, seconds[1] - seconds[0]) * 1e3 / calls
 
 
 def ordered(bench: Benchmark) -> None:

@@ -47,19 +47,23 @@ class Unit:
 
 def split(jobs: list[Job], slots: int, environment_problem: str | None,
           cores: int | None) -> list[Unit]:
-    """Whole problems while there are enough to keep ``slots`` busy; else each problem's
-    submissions in as many pieces as there are slots per problem (every piece pays for
-    screening and timing the reference once, so pieces stay as large as the slots allow)."""
+    """Whole problems where that keeps ``slots`` evenly loaded; else a problem's submissions
+    in pieces of at most one slot's share of the run, and in at least as many pieces as there
+    are slots per problem (every piece pays for screening and timing the reference once, so
+    pieces stay as large as that allows). Largest first: a long unit started last would leave
+    the other slots idle while it runs."""
     groups: dict[tuple[str, str], list[Job]] = {}
     for job in jobs:
         groups.setdefault((job.task, job.problem), []).append(job)
-    pieces = max(1, math.ceil(slots / max(1, len(groups))))
-    units: list[Unit] = []
+    share = math.ceil(len(jobs) / max(1, slots))
+    least = max(1, math.ceil(slots / max(1, len(groups))))
+    pieces: list[list[Job]] = []
     for group in groups.values():
-        size = math.ceil(len(group) / min(pieces, len(group)))
-        units += [Unit(group[i:i + size], environment_problem, cores, len(units) + k)
-                  for k, i in enumerate(range(0, len(group), size))]
-    return units
+        count = min(len(group), max(least, math.ceil(len(group) / share)))
+        size = math.ceil(len(group) / count)
+        pieces += [group[i:i + size] for i in range(0, len(group), size)]
+    pieces.sort(key=len, reverse=True)
+    return [Unit(piece, environment_problem, cores, k) for k, piece in enumerate(pieces)]
 
 
 class EventSink:
