@@ -5,8 +5,8 @@ The batch is COUNT copies drawn round-robin from the given submissions (default:
 set), each made distinct by a comment with its number, so every copy builds cold in a fresh
 cache and nothing is reused from an earlier run. Every configuration grades the same batch
 with the same seed, so its verdicts and speedups can be set side by side: for each submission
-correct under both, whether the quick speedup lies inside the full one's interval, and whether the speedup
-with several slots lies inside the one-slot interval.
+correct under both, whether the quick speedup lies inside the full one's interval, and whether
+the speedup with several slots lies inside the one-slot interval.
 
     python bench/throughput.py --count 64 --profiles quick full            # one GPU or CPU
     python bench/throughput.py --count 64 --profiles quick --gpus 0 0,1    # 1 and 2 slots

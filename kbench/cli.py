@@ -74,6 +74,10 @@ def _grade_parser(sub) -> None:
                        help="full: every round and sample the task asks for, and the "
                        "torch.compile baseline (default); quick: for screening thousands, "
                        "fewer rounds, samples and fresh processes, the same correctness")
+    grade.add_argument("--require-custom-kernels", action="store_true",
+                       help="flag a submission whose profiled GPU time is mostly torch's "
+                       "library kernels (ATen, cuBLAS, cuDNN), or that launched none of its "
+                       "own (CUDA only; the share is reported either way)")
     grade.add_argument("--resume", action="store_true", help="finish the newest interrupted "
                        "run of this task in --out: same seed and options, only what is missing")
     grade.add_argument("--force", action="store_true", help="grade again even files whose "

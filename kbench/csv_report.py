@@ -9,6 +9,8 @@ Columns, in order:
                        and the verdict
     reason             the verdict's reason (empty for ok)
     cases_passed, cases_total
+    custom_share       of a profiled call's GPU time, the share in the submission's own
+                       kernels (0-1; CUDA only); kernels: the longest-running, ';'-joined
     speedup, speedup_low, speedup_high   -- the submission's overall (geometric mean)
     size               the benchmark's sizes as name=value pairs joined by ';'
     dtype
@@ -30,7 +32,7 @@ import io
 from kbench.results import Benchmark, RunResult, SubmissionResult
 
 COLUMNS = ("run_id", "profile", "problem", "submission", "backend", "status", "reason",
-           "cases_passed", "cases_total",
+           "cases_passed", "cases_total", "custom_share", "kernels",
            "speedup", "speedup_low", "speedup_high", "size", "dtype", "size_speedup",
            "size_speedup_low", "size_speedup_high", "size_compile_speedup",
            "size_compile_low", "size_compile_high", "ms", "ms_low", "ms_high",
@@ -51,7 +53,8 @@ def _row(run: RunResult, sub: SubmissionResult, b: Benchmark | None) -> dict:
     row = {"run_id": run.run_id, "profile": run.profile, "problem": sub.problem,
            "submission": sub.name, "backend": sub.backend,
            "status": sub.status.value, "reason": sub.reason, "cases_passed": sub.cases_passed,
-           "cases_total": sub.cases_total, "speedup": sub.speedup,
+           "cases_total": sub.cases_total, "custom_share": sub.custom_share,
+           "kernels": ";".join(sub.kernels), "speedup": sub.speedup,
            **_bounds("speedup", sub.speedup_ci), "flags": ";".join(sub.flags),
            "sha256": sub.sha256, "path": sub.path, "copy_gbps": run.copy_gbps}
     if b is None:

@@ -80,7 +80,8 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
     from kbench.store import StoreError
 
     settings = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch,
-                "timing": args.timing, "untimed": args.no_timing, "profile": args.profile}
+                "timing": args.timing, "untimed": args.no_timing, "profile": args.profile,
+                "require_custom_kernels": args.require_custom_kernels}
     seed, run_id = args.seed, None
     unfinished = store.unfinished_run(label)
     if args.resume:
@@ -108,7 +109,8 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
                           cuda_arch=settings["cuda_arch"],
                           timing=settings.get("timing", "eager"),
                           untimed=settings.get("untimed", False),
-                          profile=settings.get("profile", "full"))
+                          profile=settings.get("profile", "full"),
+                          require_custom_kernels=settings.get("require_custom_kernels", False))
     except OptionsError as exc:
         return fail(str(exc))
     resuming = f", resuming run {run_id}" if run_id else ""

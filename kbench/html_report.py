@@ -146,6 +146,7 @@ def _leaderboard(run: RunResult) -> str:
     for sub in sorted(run.submissions, key=lambda s: (s.status is not Status.OK,
                                                       -(s.speedup or 0))):
         low = (sub.speedup_ci or [sub.speedup])[0] if sub.speedup else None
+        share = sub.custom_share
         rows.append(
             "<tr>" + (f"<td>{escape(sub.problem)}</td>" if many else "")
             + f"<td><a href='#{_anchor(sub)}'>{escape(sub.name)}</a></td>"
@@ -156,11 +157,14 @@ def _leaderboard(run: RunResult) -> str:
             f"<td class=num data-v='{sub.compile_speedup or 0}'>"
             f"{_x(sub.compile_speedup, sub.compile_speedup_ci)}</td>"
             f"<td class=num>{sub.cases_passed}/{sub.cases_total}</td>"
+            f"<td class=num data-v='{-1 if share is None else share}' "
+            f"title='{escape('; '.join(sub.kernels))}'>"
+            f"{'-' if share is None else f'{share:.0%}'}</td>"
             f"<td>{escape(', '.join(sub.flags))}</td></tr>")
     head = ("<th>problem</th>" if many else "") + (
         "<th>submission</th><th>verdict</th><th>backend</th><th>speedup (95 % interval)</th>"
         "<th>lower bound"
-        "</th><th>vs compile</th><th>cases</th><th>flags</th>")
+        "</th><th>vs compile</th><th>cases</th><th>own kernels</th><th>flags</th>")
     return (f"<h2>Leaderboard</h2><table class=sortable><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
 

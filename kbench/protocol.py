@@ -16,6 +16,7 @@ Requests and the answer each expects:
   Prepare   -> Prepared               input sets for a Clocked pass
   Clocked   -> ClockedPass            the pass the parent times on its own clock
   Outputs   -> KeptOutputs            outputs kept by Time or Clocked, with their seeds
+  Profile   -> Profiled               one call under the profiler: the kernels it ran
   Copy      -> Timed                  the copy-bandwidth yardstick
   Release   -> Released               drop every kept output, free device memory
   Exit                                (no answer)
@@ -33,7 +34,7 @@ from typing import Any, ClassVar
 
 import torch
 
-VERSION = 4
+VERSION = 5
 
 
 class ProtocolError(ValueError):
@@ -150,6 +151,17 @@ class KeptOutput:
     norm: float | None  # its fingerprint when the call returned (None: not taken)
 
 
+@dataclass(frozen=True)
+class KernelRun:
+    """A GPU kernel a profiled call ran: its name as the profiler gives it, its device time,
+    and the profiler op that was innermost when it was launched ("" where none was: a launch
+    from the submission's own code, not through one of torch's operators)."""
+
+    name: str
+    us: float
+    op: str
+
+
 # -- answers ---------------------------------------------------------------------------------
 
 
@@ -205,6 +217,11 @@ class KeptOutputs:
     the parent and alive until the next request."""
 
     outputs: list[KeptOutput]
+
+
+@dataclass(frozen=True)
+class Profiled:
+    kernels: list[KernelRun]
 
 
 @dataclass(frozen=True)
@@ -274,6 +291,15 @@ class Outputs:
 
 
 @dataclass(frozen=True)
+class Profile:
+    """One call on the parent's inputs, as Run, under torch's profiler."""
+
+    answers: ClassVar[tuple[type, ...]] = (Profiled,)
+    inputs: list[Any]
+    model: ModelSpec
+
+
+@dataclass(frozen=True)
 class Copy:
     answers: ClassVar[tuple[type, ...]] = (Timed,)
     nbytes: int
@@ -290,9 +316,9 @@ class Exit:
     answers: ClassVar[tuple[type, ...]] = ()
 
 
-Request = Load | Run | Time | Prepare | Clocked | Outputs | Copy | Release | Exit
+Request = Load | Run | Time | Prepare | Clocked | Outputs | Profile | Copy | Release | Exit
 Answer = (Failed | Loaded | Ran | Unsupported | Timed | Prepared | ClockedPass | KeptOutputs
-          | Released)
+          | Profiled | Released)
 
 REQUESTS = typing.get_args(Request)
 _KINDS = {cls.__name__: cls for cls in REQUESTS + typing.get_args(Answer)}

@@ -265,12 +265,20 @@ def _ranked_table(run: RunResult, subs: list[SubmissionResult], problem: Problem
     ranked = _ranked(subs)
     if not ranked:
         return "No submission passed every correctness case."
+    profiled = any(sub.custom_share is not None for sub in ranked)  # a GPU run
     return tabulate([[rank, sub.name, _speedup(sub.speedup, sub.speedup_ci),
                       _speedup(sub.compile_speedup, sub.compile_speedup_ci),
-                      f"{sub.cases_passed}/{sub.cases_total}", _labels(sub)]
+                      f"{sub.cases_passed}/{sub.cases_total}",
+                      *([_share(sub)] if profiled else []), _labels(sub)]
                      for rank, sub in enumerate(ranked, 1)],
                     headers=["#", "submission", "speedup (95% interval)", "vs compile", "cases",
-                             "flags"], tablefmt="github")
+                             *(["own kernels"] if profiled else []), "flags"],
+                    tablefmt="github")
+
+
+def _share(sub: SubmissionResult) -> str:
+    """The share of GPU time in the submission's own kernels (kbench.grading.custom_kernels)."""
+    return f"{sub.custom_share:.0%}" if sub.custom_share is not None else "-"
 
 
 def _sizes_table(run: RunResult, subs: list[SubmissionResult],

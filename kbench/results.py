@@ -93,6 +93,10 @@ class SubmissionResult:
     reused_from_run: int | None = None  # copied from that run: same file, task and software
     problem: str = ""  # the task's name: l2norm, level1/19_ReLU
     backend: str = ""  # the kernel language that claimed it (kbench.backends): cuda, triton...
+    # Of a profiled call's GPU time at the timed sizes, the share in the submission's own
+    # kernels, and the longest-running kernels (kbench.grading.custom_kernels); CUDA only.
+    custom_share: float | None = None
+    kernels: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         data = asdict(self)

@@ -267,9 +267,10 @@ class Store:
                             "json(?)) WHERE id = ?", (json.dumps(problems), run_id))
 
     def reusable(self, sha256: str, task_hash: str, kbench_version: str, fingerprint: str,
-                 timing: str, profile: str) -> tuple[int, SubmissionResult] | None:
+                 timing: str, profile: str, require_custom_kernels: bool = False
+                 ) -> tuple[int, SubmissionResult] | None:
         """The newest result for the same file, problem (its digest), kbench, machine
-        software, timing mode and profile, if any.
+        software, timing mode, profile and custom-kernel policy, if any.
 
         Results that kbench, the machine or the problem failed to produce (internal_error,
         environment_error, infrastructure_error, task_error) are never reused, nor correct ones
@@ -286,10 +287,11 @@ class Store:
             "AND NOT coalesce(json_extract(u.options, '$.untimed'), 0) "
             "AND json_extract(u.options, '$.timing') = ? "
             "AND coalesce(json_extract(u.options, '$.profile'), 'full') = ? "
+            "AND coalesce(json_extract(u.options, '$.require_custom_kernels'), 0) = ? "
             "ORDER BY r.run_id DESC LIMIT 1",
             (sha256, task_hash, kbench_version, fingerprint, Status.INTERNAL_ERROR.value,
              Status.ENVIRONMENT_ERROR.value, Status.INFRASTRUCTURE_ERROR.value,
-             Status.TASK_ERROR.value, timing, profile)
+             Status.TASK_ERROR.value, timing, profile, int(require_custom_kernels))
         ).fetchone()
         return (row[0], SubmissionResult.from_dict(json.loads(row[1]))) if row else None
 

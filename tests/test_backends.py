@@ -73,7 +73,7 @@ def test_kernel_languages_on_a_machine_without_gpu(tmp_path, cache_dir):
     from conftest import FIXTURES, ROOT, by_name, grade, quick_task
 
     task = quick_task(tmp_path)
-    code, results = grade([str(ROOT / "bench" / "submissions" / "l2norm_triton.py"),
+    code, results = grade([str(ROOT / "kbench" / "submissions" / "l2norm_triton.py"),
                            str(FIXTURES / "dsl"), "--task", str(task), "--device", "cpu",
                            "--no-timing"], tmp_path / "out", cache_dir)
     subs = by_name(results)

@@ -102,7 +102,7 @@ def test_triton_is_compiled_in_the_build_and_graded(tmp_path, cache_dir):
     # The Triton l2norm is correct and timed; a Triton compile error is a build_error quoting
     # Triton, found by the build's warm-up launch.
     task = quick_task(tmp_path, **{"limits.host_memory_gib": 16})
-    code, results = grade([str(ROOT / "bench" / "submissions" / "l2norm_triton.py"),
+    code, results = grade([str(ROOT / "kbench" / "submissions" / "l2norm_triton.py"),
                            str(FIXTURES / "dsl_gpu"), "--task", str(task)], tmp_path / "out",
                           cache_dir)
     subs = by_name(results)
@@ -111,3 +111,26 @@ def test_triton_is_compiled_in_the_build_and_graded(tmp_path, cache_dir):
     assert ok["backend"] == "triton" and (tmp_path / "out" / "logs").is_dir()
     assert broken["status"] == "build_error" and "Triton" in broken["reason"], broken["reason"]
     assert "undefined_scale" in broken["reason"]
+
+
+def test_custom_kernel_share_and_its_policy(tmp_path, cache_dir):
+    # What ran, from the profiler: the CUDA and Triton kernels' own share is nearly all their
+    # GPU time, torch.nn.functional's is 0; only under the policy is the latter flagged.
+    task = quick_task(tmp_path, **{"limits.host_memory_gib": 16})
+    files = [str(ROOT / "kbench/submissions/l2norm_v8.py"),
+             str(ROOT / "kbench/submissions/l2norm_triton.py"),
+             str(FIXTURES / "policy" / "l2norm_functional.py"), "--task", str(task)]
+    code, results = grade(files, tmp_path / "free", cache_dir)
+    subs = by_name(results)
+    assert code == 0 and all(s["status"] == "ok" for s in subs.values()), subs
+    assert subs["l2norm_v8"]["custom_share"] >= 0.9, subs["l2norm_v8"]["kernels"]
+    assert subs["l2norm_triton"]["custom_share"] >= 0.9, subs["l2norm_triton"]["kernels"]
+    functional = subs["l2norm_functional"]
+    assert functional["custom_share"] == 0 and functional["kernels"][0].startswith("library")
+    assert "| 0%" in (tmp_path / "free" / "leaderboard.md").read_text()
+    code, results = grade([*files, "--require-custom-kernels"], tmp_path / "policy", cache_dir)
+    subs = by_name(results)
+    assert subs["l2norm_v8"]["status"] == subs["l2norm_triton"]["status"] == "ok"
+    flagged = subs["l2norm_functional"]
+    assert flagged["status"] == "flagged" and "ran 0% of its GPU time" in flagged["reason"]
+    assert "library" in flagged["reason"], flagged["reason"]

@@ -23,6 +23,8 @@ def samples_wire(n: int = 3) -> dict:
            model=p.ModelSpec([], "float16", 1, {"layers[0]": 3}), keep=True,
            timing=p.TimingSettings(5.0, 3, 10, 20.0, 0.01, "eager")),
     p.Outputs([3, 1]),
+    p.Profiled([p.KernelRun("void l2norm_kernel<256>(float const*, float*, int)", 9.5, ""),
+                p.KernelRun("Memset (Device)", 0.5, "aten::zeros")]),
     p.Release(),
     p.Loaded([p.WeightPrint("fc.weight", [2, 3], "float32", [1.0, 2.0, 3.0])]),
     p.KeptOutputs([p.KeptOutput(call=1, seed=7, outputs=[torch.ones(2), 3, 0.5],

@@ -73,6 +73,18 @@ def test_results_csv_has_a_row_per_submission_and_size():
     assert bad["status"] == "wrong_output" and bad["size"] == "" and bad["reason"] == HOSTILE
 
 
+def test_the_custom_kernel_share_is_shown_where_it_was_measured():
+    run = _run()
+    assert "own kernels" not in report.leaderboard(run)  # nothing profiled (a CPU run)
+    fast = next(s for s in run.submissions if s.name == "relu_fast")
+    fast.custom_share, fast.kernels = 0.97, ["own 97%: relu_kernel", "library 3%: at::fill"]
+    assert "own kernels" in report.leaderboard(run) and "| 97%" in report.leaderboard(run)
+    row = next(r for r in csv.DictReader(csv_report.table(run).splitlines())
+               if r["submission"] == "relu_fast")
+    assert float(row["custom_share"]) == 0.97 and row["kernels"].startswith("own 97%")
+    assert "own 97%: relu_kernel; library 3%" in html_report.page(run)
+
+
 def test_the_page_escapes_what_submissions_wrote_and_links_logs_beside_it():
     page = html_report.page(_run())
     assert "<script>alert" not in page and "&lt;script&gt;alert" in page

@@ -262,6 +262,7 @@ def test_reuse_needs_same_kbench_task_and_software(tmp_path):
     assert store.reusable("abc", "t1", "0.2.0", fp, "eager", "full") is None  # another kbench
     assert store.reusable("abc", "t1", "0.1.0", fp, "graph", "full") is None  # timing mode
     assert store.reusable("abc", "t1", "0.1.0", fp, "eager", "quick") is None  # profile
+    assert store.reusable("abc", "t1", "0.1.0", fp, "eager", "full", True) is None  # policy
     for key, value in (("torch", "2.12.0"), ("device_name", "NVIDIA H100"), ("driver", "590")):
         assert store.reusable("abc", "t1", "0.1.0", fingerprint({**env, key: value}),
                               "eager", "full") is None

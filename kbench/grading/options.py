@@ -58,6 +58,7 @@ class Options:
     untimed: bool = False  # correctness only (--no-timing)
     cores: int | None = None  # host cores this process's builds share (None: all of them)
     profile: Profile = Profile.FULL
+    require_custom_kernels: bool = False  # flag what runs mostly library kernels (CUDA)
 
     def __post_init__(self) -> None:
         try:
@@ -80,6 +81,9 @@ class Options:
             raise OptionsError(f"cores {self.cores}: expected at least 1")
         if self.timing is TimingMode.GRAPH and self.device is not Device.CUDA:
             raise OptionsError("--timing graph: CUDA graphs need --device cuda")
+        if self.require_custom_kernels and self.device is not Device.CUDA:
+            raise OptionsError("--require-custom-kernels: what ran is profiled on a GPU; "
+                               "it needs --device cuda")
 
     @property
     def rigour(self) -> Rigour:
@@ -93,7 +97,8 @@ class Options:
         """What ``--resume`` must repeat besides the seed."""
         return {"device": self.device.value, "case_indices": self.case_indices,
                 "cuda_arch": self.cuda_arch, "timing": self.timing.value,
-                "untimed": self.untimed, "profile": self.profile.value}
+                "untimed": self.untimed, "profile": self.profile.value,
+                "require_custom_kernels": self.require_custom_kernels}
 
     def to_dict(self) -> dict:
         data = asdict(self)

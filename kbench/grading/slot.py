@@ -4,17 +4,19 @@ happens in between."""
 
 from __future__ import annotations
 
+import math
 import traceback
 
 from kbench import backends, scan
 from kbench.discovery import Submission
-from kbench.grading import building, correctness, rounds, weights
+from kbench.grading import building, correctness, custom_kernels, rounds, weights
 from kbench.grading.building import Built
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
 from kbench.grading.reference_pool import ReferencePool
 from kbench.grading.watch import Watcher, tampered
 from kbench.results import Benchmark, SubmissionResult
+from kbench.task import Params
 from kbench.verdict import Status, Verdict
 
 
@@ -65,6 +67,8 @@ class Slot:
                                            weights.explained(stop.verdict.reason, differ))
                 raise
             correctness.recheck(ctx, sub, returned)
+            if ctx.device.type == "cuda":
+                custom_kernels.measure(ctx, channel, result, _profiled_sizes(ctx, reference))
             if ctx.options.timed:
                 rounds.time_submission(ctx, channel, result, reference, self.pool,
                                        lambda r: self._round_channel(sub, r, result))
@@ -81,3 +85,10 @@ class Slot:
             channel.close()
             raise
         return channel
+
+
+def _profiled_sizes(ctx: Context, reference: list[Benchmark]) -> list[Params]:
+    """Where what ran is profiled: the sizes that will be timed, else (untimed) the largest
+    correctness case."""
+    timed = [b.params for b in reference if b.reference is not None]
+    return timed or [max((c.params for c in ctx.cases), key=lambda p: math.prod(p.values()))]

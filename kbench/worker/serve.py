@@ -38,6 +38,7 @@ from kbench import protocol as p
 from kbench.fingerprint import weight_sums
 from kbench.outputs import Unsupported, flatten
 from kbench.worker.kept import HELD_BY_A_PASS, clocked
+from kbench.worker.kernels import kernels_of
 from kbench.worker.timing import measure, rotation, set_bytes
 
 _MODELS_KEPT = 2  # instances kept at once (cases of other sizes or dtypes build their own)
@@ -60,7 +61,8 @@ class Worker:
     def answer(self, request: p.Request) -> p.Answer:
         handler = {p.Load: self.load, p.Run: self.run, p.Time: self.time,
                    p.Prepare: self.prepare, p.Clocked: self.clocked, p.Outputs: self.outputs,
-                   p.Copy: self.copy, p.Release: self.release}[type(request)]
+                   p.Profile: self.profile, p.Copy: self.copy,
+                   p.Release: self.release}[type(request)]
         return handler(request)
 
     def load(self, r: p.Load) -> p.Answer:
@@ -239,6 +241,18 @@ class Worker:
                                      norm=norm))
         self.last_output = sent
         return p.KeptOutputs(sent)
+
+    def profile(self, r: p.Profile) -> p.Answer:
+        """One call on the parent's inputs under the profiler: the kernels it ran."""
+        try:
+            model = self._model(r.model)
+        except BaseException as exc:
+            return _error("init", exc)
+        try:
+            with torch.no_grad():
+                return p.Profiled(kernels_of(lambda: model(*r.inputs)))
+        except BaseException as exc:
+            return _error("profile", exc)
 
     def _fresh_set(self, r: p.Time | p.Prepare) -> tuple[list, int]:
         """An input set drawn from a new secret seed, and the seed."""

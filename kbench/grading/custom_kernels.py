@@ -1,0 +1,115 @@
+"""What ran on the GPU: one profiled call per timed size (kbench.worker.kernels), its kernels
+sorted into the submission's own and torch's libraries', and the share of GPU time in its
+own. Under ``--require-custom-kernels`` a submission whose time is mostly library kernels,
+or that launched none of its own, is flagged with the kernels named."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+
+from kbench import protocol
+from kbench.grading.channel import Channel, Stop
+from kbench.grading.context import Context
+from kbench.results import SubmissionResult, params_text
+from kbench.task import Params
+from kbench.verdict import Status, Verdict
+
+# Kernels of torch and the libraries it calls, by name, whatever op launched them (a
+# submission may call them from C++ without going through an operator): ATen, c10, CUB and
+# Thrust, cuBLAS (gemv, gemmSN, splitKreduce, nvjet, xmma and cutlass_NN_ instance names),
+# cuDNN, torch's flash attention, Inductor's generated Triton, copies and fills.
+_LIBRARY = re.compile(
+    r"\b(at|at_cuda_detail|c10|cub|CUB_\w+|thrust|cudnn|cublas\w*|pytorch_flash)::|\bcutlass_\d+_|"
+    r"^(void )?(sm\d+_xmma|xmma_|nvjet_|gemv|gemmSN|gemmk|splitKreduce|"
+    r"ampere_|volta_|turing_|hopper_|cudnn|fmha|triton_(poi|red|per|tem|for)_)|"
+    r"^Memcpy|^Memset")
+
+# Own kernels must make up at least this share of the GPU time under the policy.
+_MOSTLY = 0.5
+_NAMED = 4  # kernels named in results and reasons
+
+
+@dataclass(frozen=True)
+class Share:
+    own_us: float
+    library_us: float
+    kernels: list[str]  # the longest-running, "own 97%: name" or "library 3%: name"
+
+    @property
+    def share(self) -> float | None:
+        total = self.own_us + self.library_us
+        return self.own_us / total if total > 0 else None
+
+
+def is_library(kernel: protocol.KernelRun) -> bool:
+    """Launched inside one of torch's operators, or named as a library's kernel."""
+    return kernel.op.startswith("aten::") or bool(_LIBRARY.search(kernel.name))
+
+
+def short_name(name: str) -> str:
+    """A kernel's name without return type, template arguments or parameters."""
+    name = name.removeprefix("void ").strip()
+    depth, kept = 0, []
+    for ch in name:
+        depth += ch == "<"
+        if depth == 0:
+            if ch == "(":
+                break
+            kept.append(ch)
+        depth -= ch == ">" and depth > 0
+    return "".join(kept).strip()[:120] or name[:120]
+
+
+def classify(kernels: list[protocol.KernelRun]) -> Share:
+    times: dict[tuple[bool, str], float] = {}
+    for kernel in kernels:
+        key = (not is_library(kernel), short_name(kernel.name))
+        times[key] = times.get(key, 0.0) + max(0.0, kernel.us)
+    own = sum(t for (mine, _), t in times.items() if mine)
+    total = sum(times.values())
+    top = sorted(times.items(), key=lambda item: -item[1])[:_NAMED]
+    named = [f"{'own' if mine else 'library'} {t / total:.0%}: {name}"
+             for (mine, name), t in top] if total > 0 else []
+    return Share(own, total - own, named)
+
+
+def measure(ctx: Context, channel: Channel, result: SubmissionResult,
+            sizes: list[Params]) -> None:
+    """One profiled call at each of ``sizes`` (fresh inputs drawn here); the share and the
+    kernels go into ``result``; the policy's verdict is a Stop. A profiler that fails (not
+    the submission's call, which passed every case) leaves the share unknown, which the
+    policy cannot accept."""
+    kernels: list[protocol.KernelRun] = []
+    dtype = ctx.task.benchmark_dtype
+    for params in sizes:
+        inputs = ctx.draw(params, dtype, ctx.distribution, secrets.randbits(62))
+        stage = f"kernels at {params_text(params)}"
+        try:
+            answer = channel.call(protocol.Profile(inputs, ctx.spec(params, dtype)),
+                                  ctx.task.limits.case_s, stage)
+        except Stop as stop:
+            if stop.verdict.status is not Status.RUNTIME_ERROR:
+                raise
+            _unknown(ctx, result, stop.verdict.reason)
+            return
+        finally:
+            del inputs
+        kernels += answer.kernels
+    share = classify(kernels)
+    result.custom_share, result.kernels = share.share, share.kernels
+    if not ctx.options.require_custom_kernels:
+        return
+    if share.share is None or share.own_us == 0 or share.share < _MOSTLY:
+        ran = "; ".join(share.kernels) or "no kernel at all"
+        mine = f"{share.share:.0%}" if share.share is not None else "none"
+        raise Stop(Verdict(Status.FLAGGED, f"custom kernels required: its own kernels ran "
+                           f"{mine} of its GPU time ({ran})"))
+
+
+def _unknown(ctx: Context, result: SubmissionResult, why: str) -> None:
+    result.flags.append(f"kernels not profiled ({why[:200]})")
+    if ctx.options.require_custom_kernels:
+        raise Stop(Verdict(Status.FLAGGED, f"custom kernels required, and what ran could not "
+                           f"be profiled: {why[:200]}"))

@@ -1,0 +1,41 @@
+"""The kernels a call runs, read from torch's profiler in the submission's process; the
+trusted side sorts them into the submission's own and torch's libraries'
+(kbench.kernel_share). A submission can reach what runs here, so the figures are evidence for
+a policy, not proof (docs/security.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from kbench.protocol import KernelRun
+
+_profile, _synchronize = profile, torch.cuda.synchronize  # bound before a submission imports
+_ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+
+
+def kernels_of(call: Callable[[], object]) -> list[KernelRun]:
+    """One ``call`` under the profiler: every kernel (and memcpy or memset) it ran on the
+    device, with the innermost profiler op it was launched in. The profiler links a kernel
+    to the op open when it was launched (torch's operators, aten::..., open one each); one
+    launched from an extension's or a JIT language's own launcher is linked to none."""
+    with _profile(activities=_ACTIVITIES) as prof:
+        output = call()
+        _synchronize()
+    del output
+    events = prof.events()
+    linked: dict[str, list[str]] = {}  # kernel name -> the ops it was linked to
+    for event in events:
+        if event.device_type == DeviceType.CPU:
+            for kernel in event.kernels:
+                linked.setdefault(kernel.name, []).append(event.name)
+    runs = []
+    for event in events:
+        if event.device_type == DeviceType.CUDA:
+            ops = linked.get(event.name)
+            runs.append(KernelRun(str(event.name), float(event.time_range.elapsed_us()),
+                                  str(ops.pop(0)) if ops else ""))
+    return runs
