@@ -292,10 +292,12 @@ class Outputs:
 
 @dataclass(frozen=True)
 class Profile:
-    """One call on the parent's inputs, as Run, under torch's profiler."""
+    """One call under torch's profiler, on an input set the worker draws (as for Time)."""
 
     answers: ClassVar[tuple[type, ...]] = (Profiled,)
-    inputs: list[Any]
+    params: dict[str, int]
+    dtype: str
+    distribution: str
     model: ModelSpec
 
 

@@ -64,8 +64,7 @@ def _ctx(policy: bool) -> SimpleNamespace:
     return SimpleNamespace(
         options=SimpleNamespace(require_custom_kernels=policy),
         task=SimpleNamespace(benchmark_dtype="float32", limits=SimpleNamespace(case_s=5.0)),
-        distribution="problem", draw=lambda params, dtype, dist, seed: [params["dim"]],
-        spec=lambda params, dtype: p.ModelSpec([], dtype, 1, params))
+        distribution="problem", spec=lambda params, dtype: p.ModelSpec([], dtype, 1, params))
 
 
 def _result() -> SubmissionResult:

@@ -6,7 +6,6 @@ or that launched none of its own, is flagged with the kernels named."""
 from __future__ import annotations
 
 import re
-import secrets
 from dataclasses import dataclass
 
 from kbench import protocol
@@ -77,31 +76,29 @@ def classify(kernels: list[protocol.KernelRun]) -> Share:
 
 def measure(ctx: Context, channel: Channel, result: SubmissionResult,
             sizes: list[Params]) -> None:
-    """One profiled call at each of ``sizes`` (fresh inputs drawn here); the share and the
-    kernels go into ``result``; the policy's verdict is a Stop. A profiler that fails (not
-    the submission's call, which passed every case) leaves the share unknown, which the
-    policy cannot accept."""
+    """One profiled call at each of ``sizes`` (the worker draws the inputs, as for timing);
+    the share and the kernels go into ``result``; the policy's verdict is a Stop. A call
+    that fails here without killing its process (the profiler, or memory at a size the
+    timing stage will judge) leaves the share unknown, which the policy cannot accept."""
     kernels: list[protocol.KernelRun] = []
     dtype = ctx.task.benchmark_dtype
     for params in sizes:
-        inputs = ctx.draw(params, dtype, ctx.distribution, secrets.randbits(62))
-        stage = f"kernels at {params_text(params)}"
+        request = protocol.Profile(params=params, dtype=dtype, distribution=ctx.distribution,
+                                   model=ctx.spec(params, dtype))
         try:
-            answer = channel.call(protocol.Profile(inputs, ctx.spec(params, dtype)),
-                                  ctx.task.limits.case_s, stage)
+            answer = channel.call(request, ctx.task.limits.case_s,
+                                  f"kernels at {params_text(params)}")
         except Stop as stop:
-            if stop.verdict.status is not Status.RUNTIME_ERROR:
+            if stop.verdict.status not in (Status.RUNTIME_ERROR, Status.OUT_OF_MEMORY):
                 raise
             _unknown(ctx, result, stop.verdict.reason)
             return
-        finally:
-            del inputs
         kernels += answer.kernels
     share = classify(kernels)
     result.custom_share, result.kernels = share.share, share.kernels
     if not ctx.options.require_custom_kernels:
         return
-    if share.share is None or share.own_us == 0 or share.share < _MOSTLY:
+    if share.share is None or share.share < _MOSTLY:
         ran = "; ".join(share.kernels) or "no kernel at all"
         mine = f"{share.share:.0%}" if share.share is not None else "none"
         raise Stop(Verdict(Status.FLAGGED, f"custom kernels required: its own kernels ran "

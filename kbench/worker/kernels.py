@@ -17,15 +17,16 @@ _profile, _synchronize = profile, torch.cuda.synchronize  # bound before a submi
 _ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
 
 
-def kernels_of(call: Callable[[], object]) -> list[KernelRun]:
-    """One ``call`` under the profiler: every kernel (and memcpy or memset) it ran on the
-    device, with the innermost profiler op it was launched in. The profiler links a kernel
-    to the op open when it was launched (torch's operators, aten::..., open one each); one
-    launched from an extension's or a JIT language's own launcher is linked to none."""
+def kernels_of(model: Callable[..., object], args: list) -> list[KernelRun]:
+    """One call of ``model`` on ``args`` under the profiler: every kernel (and memcpy or
+    memset) it ran on the device, with the innermost profiler op it was launched in. The
+    profiler links a kernel to the op open when it was launched (torch's operators,
+    aten::..., open one each); one launched from an extension's or a JIT language's own
+    launcher is linked to none."""
     with _profile(activities=_ACTIVITIES) as prof:
-        output = call()
+        output = model(*args)
         _synchronize()
-    del output
+    del output, args
     events = prof.events()
     linked: dict[str, list[str]] = {}  # kernel name -> the ops it was linked to
     for event in events:

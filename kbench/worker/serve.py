@@ -243,18 +243,19 @@ class Worker:
         return p.KeptOutputs(sent)
 
     def profile(self, r: p.Profile) -> p.Answer:
-        """One call on the parent's inputs under the profiler: the kernels it ran."""
+        """One call under the profiler, on a fresh input set: the kernels it ran."""
+        self.last_output, self.kept = None, {}
         try:
             model = self._model(r.model)
-        except BaseException as exc:
-            return _error("init", exc)
-        try:
             with torch.no_grad():
-                return p.Profiled(kernels_of(lambda: model(*r.inputs)))
+                kernels = kernels_of(model, self._fresh_set(r)[0])
         except BaseException as exc:
             return _error("profile", exc)
+        finally:
+            self._free()
+        return p.Profiled(kernels)
 
-    def _fresh_set(self, r: p.Time | p.Prepare) -> tuple[list, int]:
+    def _fresh_set(self, r: p.Time | p.Prepare | p.Profile) -> tuple[list, int]:
         """An input set drawn from a new secret seed, and the seed."""
         seed = secrets.randbits(62)
         return problem.draw(self.reference, r.params, r.dtype, r.distribution, seed,
