@@ -187,7 +187,7 @@ def tables(outcomes: list[Outcome]) -> None:
 
 def load(files: list[str]) -> list[Outcome]:
     """Outcomes from earlier --json files, each named after its file too."""
-    return [Outcome(**{**o, "name": f"{Path(f).stem}/{o.get('name', i)}"})
+    return [Outcome(**{"finished": True, **o, "name": f"{Path(f).stem}/{o.get('name', i)}"})
             for f in files for i, o in enumerate(json.loads(Path(f).read_text()), 1)]
 
 

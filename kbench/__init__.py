@@ -1,3 +1,3 @@
 """kbench: grade custom kernels that replace PyTorch modules (KernelBench format)."""
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"

@@ -5,6 +5,7 @@ or that launched none of its own, is flagged with the kernels named."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -16,14 +17,16 @@ from kbench.task import Params
 from kbench.verdict import Status, Verdict
 
 # Kernels of torch and the libraries it calls, by name, whatever op launched them (a
-# submission may call them from C++ without going through an operator): ATen, c10, CUB and
-# Thrust, cuBLAS (gemv, gemmSN, splitKreduce, nvjet, xmma and cutlass_NN_ instance names),
-# cuDNN, torch's flash attention, Inductor's generated Triton, copies and fills.
+# submission may call them from C++ without going through an operator), matched on the name
+# without its template arguments and parameters (where a submission's own kernel names
+# c10::Half or an at:: accessor): ATen, c10, CUB and Thrust, cuBLAS (gemv, gemmSN,
+# splitKreduce, nvjet, xmma), cuDNN, torch's flash attention, Inductor's generated Triton,
+# copies and fills; and cuBLAS's CUTLASS instances (cutlass::Kernel<cutlass_80_...>).
 _LIBRARY = re.compile(
-    r"\b(at|at_cuda_detail|c10|cub|CUB_\w+|thrust|cudnn|cublas\w*|pytorch_flash)::|\bcutlass_\d+_|"
-    r"^(void )?(sm\d+_xmma|xmma_|nvjet_|gemv|gemmSN|gemmk|splitKreduce|"
-    r"ampere_|volta_|turing_|hopper_|cudnn|fmha|triton_(poi|red|per|tem|for)_)|"
-    r"^Memcpy|^Memset")
+    r"^(at|at_cuda_detail|c10|cub|thrust|cudnn|cublas\w*|pytorch_flash)::|"
+    r"^(sm\d+_xmma|xmma_|nvjet_|gemv|gemmSN|gemmk|splitKreduce|ampere_|volta_|turing_|"
+    r"hopper_|cudnn|fmha|triton_(poi|red|per|tem|for)_|Memcpy|Memset)")
+_CUBLAS_CUTLASS = re.compile(r"^(void )?cutlass::Kernel\d*<cutlass_\d+_")
 
 # Own kernels must make up at least this share of the GPU time under the policy.
 _MOSTLY = 0.5
@@ -44,7 +47,8 @@ class Share:
 
 def is_library(kernel: protocol.KernelRun) -> bool:
     """Launched inside one of torch's operators, or named as a library's kernel."""
-    return kernel.op.startswith("aten::") or bool(_LIBRARY.search(kernel.name))
+    return kernel.op.startswith("aten::") or bool(_LIBRARY.match(short_name(kernel.name))) \
+        or bool(_CUBLAS_CUTLASS.match(kernel.name))
 
 
 def short_name(name: str) -> str:
@@ -64,8 +68,9 @@ def short_name(name: str) -> str:
 def classify(kernels: list[protocol.KernelRun]) -> Share:
     times: dict[tuple[bool, str], float] = {}
     for kernel in kernels:
-        key = (not is_library(kernel), short_name(kernel.name))
-        times[key] = times.get(key, 0.0) + max(0.0, kernel.us)
+        if math.isfinite(kernel.us) and kernel.us > 0:
+            key = (not is_library(kernel), short_name(kernel.name))
+            times[key] = times.get(key, 0.0) + kernel.us
     own = sum(t for (mine, _), t in times.items() if mine)
     total = sum(times.values())
     top = sorted(times.items(), key=lambda item: -item[1])[:_NAMED]
@@ -76,10 +81,11 @@ def classify(kernels: list[protocol.KernelRun]) -> Share:
 
 def measure(ctx: Context, channel: Channel, result: SubmissionResult,
             sizes: list[Params]) -> None:
-    """One profiled call at each of ``sizes`` (the worker draws the inputs, as for timing);
-    the share and the kernels go into ``result``; the policy's verdict is a Stop. A call
-    that fails here without killing its process (the profiler, or memory at a size the
-    timing stage will judge) leaves the share unknown, which the policy cannot accept."""
+    """One profiled call at each of ``sizes`` (the worker draws the inputs, as for timing),
+    in the submission's process once its grading is done; the share and the kernels go into
+    ``result``; the policy's verdict is a Stop. Whatever goes wrong here (the profiler, a
+    process that dies, memory) leaves the share unknown, which only the policy refuses: the
+    submission already passed every case and timing."""
     kernels: list[protocol.KernelRun] = []
     dtype = ctx.task.benchmark_dtype
     for params in sizes:
@@ -89,20 +95,17 @@ def measure(ctx: Context, channel: Channel, result: SubmissionResult,
             answer = channel.call(request, ctx.task.limits.case_s,
                                   f"kernels at {params_text(params)}")
         except Stop as stop:
-            if stop.verdict.status not in (Status.RUNTIME_ERROR, Status.OUT_OF_MEMORY):
-                raise
             _unknown(ctx, result, stop.verdict.reason)
             return
         kernels += answer.kernels
     share = classify(kernels)
-    result.custom_share, result.kernels = share.share, share.kernels
-    if not ctx.options.require_custom_kernels:
+    if share.share is None:  # a correct call ran nothing on the device: no profiler here
+        _unknown(ctx, result, "the profiler saw no kernel, copy or fill")
         return
-    if share.share is None or share.share < _MOSTLY:
-        ran = "; ".join(share.kernels) or "no kernel at all"
-        mine = f"{share.share:.0%}" if share.share is not None else "none"
+    result.custom_share, result.kernels = share.share, share.kernels
+    if ctx.options.require_custom_kernels and share.share < _MOSTLY:
         raise Stop(Verdict(Status.FLAGGED, f"custom kernels required: its own kernels ran "
-                           f"{mine} of its GPU time ({ran})"))
+                           f"{share.share:.0%} of its GPU time ({'; '.join(share.kernels)})"))
 
 
 def _unknown(ctx: Context, result: SubmissionResult, why: str) -> None:

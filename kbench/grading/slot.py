@@ -67,11 +67,11 @@ class Slot:
                                            weights.explained(stop.verdict.reason, differ))
                 raise
             correctness.recheck(ctx, sub, returned)
-            if ctx.device.type == "cuda":
-                custom_kernels.measure(ctx, channel, result, _profiled_sizes(ctx, reference))
             if ctx.options.timed:
                 rounds.time_submission(ctx, channel, result, reference, self.pool,
                                        lambda r: self._round_channel(sub, r, result))
+            if ctx.device.type == "cuda":  # last: the profiler stays loaded in the process
+                custom_kernels.measure(ctx, channel, result, _profiled_sizes(ctx, reference))
 
     def _round_channel(self, sub: Submission, r: int, result: SubmissionResult) -> Channel:
         """A new process for round ``r`` of the submission's launch-bound cases (see
