@@ -1,5 +1,6 @@
 """The grader's own throughput: grade a generated batch once per configuration and print
-submissions per hour (per GPU or slot), build seconds per submission and GPU-busy fraction.
+submissions per hour (per GPU or slot), build seconds per submission, the mean seconds of
+each later stage (load, correctness, timing, kernels) and GPU-busy fraction.
 
 The batch is COUNT copies drawn round-robin from the given submissions (default: the bundled
 set), each made distinct by a comment with its number, so every copy builds cold in a fresh
@@ -52,6 +53,7 @@ class Outcome:
     build_s: list[float]
     gpu_busy: dict[str, float]  # per GPU index: mean utilization over the run, 0-1
     speedups: dict[str, list[float | None]] = field(default_factory=dict)  # name: [s, lo, hi]
+    stages: dict[str, float] = field(default_factory=dict)  # stage: mean s per submission
 
     @property
     def per_hour(self) -> float:
@@ -60,9 +62,10 @@ class Outcome:
     def row(self) -> list[str]:
         busy = ", ".join(f"{g}: {b:.0%}" for g, b in sorted(self.gpu_busy.items())) or "-"
         build = f"{statistics.median(self.build_s):.1f}" if self.build_s else "-"
+        stages = ", ".join(f"{k} {v:.1f}" for k, v in self.stages.items()) or "-"
         return [self.name, self.profile, self.executor, self.slots, str(self.submissions),
                 f"{self.wall_s:.0f}", f"{self.per_hour:.0f}",
-                f"{self.per_hour / self.slot_count:.0f}", build, busy,
+                f"{self.per_hour / self.slot_count:.0f}", build, stages, busy,
                 ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items()))
                 + ("" if self.finished else " (stopped)")]
 
@@ -144,12 +147,21 @@ def grade(batch: Path, scratch: Path, args: argparse.Namespace, profile: str, ex
                       finished, len(subs), statuses,
                       [s["build_s"] for s in subs if s.get("build_s")], sampler.mean(gpus),
                       {s["name"]: [s["speedup"], *(s["speedup_ci"] or [None, None])]
-                       for s in subs if s["status"] == "ok"})
+                       for s in subs if s["status"] == "ok"}, mean_stages(subs))
     if args.keep:
         shutil.copytree(out, Path(args.keep) / name, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("*.so", "*.o"))
         shutil.copy(log, Path(args.keep) / f"{name}.log")
     return outcome
+
+
+def mean_stages(subs: list[dict]) -> dict[str, float]:
+    """Seconds per stage of grading, over the submissions that reached it."""
+    seen: dict[str, list[float]] = {}
+    for sub in subs:
+        for stage, seconds in (sub.get("stage_s") or {}).items():
+            seen.setdefault(stage, []).append(seconds)
+    return {stage: statistics.fmean(values) for stage, values in seen.items()}
 
 
 def inside(other: Outcome, base: Outcome) -> list[str]:
@@ -176,7 +188,7 @@ def comparisons(outcomes: list[Outcome]) -> list[tuple[str, Outcome, Outcome]]:
 
 def tables(outcomes: list[Outcome]) -> None:
     header = ["configuration", "profile", "executor", "slots", "subs", "wall s", "subs/h",
-              "subs/h/slot", "median build s", "GPU busy", "verdicts"]
+              "subs/h/slot", "median build s", "mean s per stage", "GPU busy", "verdicts"]
     print("\n| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for outcome in outcomes:
         print("| " + " | ".join(outcome.row()) + " |")

@@ -97,6 +97,9 @@ class SubmissionResult:
     # kernels, and the longest-running kernels (kbench.grading.custom_kernels); CUDA only.
     custom_share: float | None = None
     kernels: list[str] = field(default_factory=list)
+    # Wall seconds of each stage it reached in its grading process (load, correctness, timing,
+    # kernels): where a slot's time goes (bench/throughput.py sums them).
+    stage_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         data = asdict(self)

@@ -5,6 +5,7 @@ happens in between."""
 from __future__ import annotations
 
 import math
+import time
 import traceback
 
 from kbench import backends, scan
@@ -57,8 +58,10 @@ class Slot:
     def _run(self, sub: Submission, result: SubmissionResult,
              reference: list[Benchmark]) -> None:
         ctx = self.ctx
+        lap = _Laps(result)
         with Channel(ctx, f"{sub.log_name}.run.log", building.env(ctx, sub)) as channel:
             differ = weights.differing(ctx, channel.load(sub, instantiate=True).weights)
+            lap("load")
             try:
                 returned = correctness.check(ctx, channel, sub, result)
             except Stop as stop:
@@ -67,11 +70,14 @@ class Slot:
                                            weights.explained(stop.verdict.reason, differ))
                 raise
             correctness.recheck(ctx, sub, returned)
+            lap("correctness")
             if ctx.options.timed:
                 rounds.time_submission(ctx, channel, result, reference, self.pool,
                                        lambda r: self._round_channel(sub, r, result))
+                lap("timing")
             if ctx.device.type == "cuda":  # last: the profiler stays loaded in the process
                 custom_kernels.measure(ctx, channel, result, _profiled_sizes(ctx, reference))
+                lap("kernels")
 
     def _round_channel(self, sub: Submission, r: int, result: SubmissionResult) -> Channel:
         """A new process for round ``r`` of the submission's launch-bound cases (see
@@ -92,3 +98,15 @@ def _profiled_sizes(ctx: Context, reference: list[Benchmark]) -> list[Params]:
     correctness case."""
     timed = [b.params for b in reference if b.reference is not None]
     return timed or [max((c.params for c in ctx.cases), key=lambda p: math.prod(p.values()))]
+
+
+class _Laps:
+    """Wall seconds of each stage a submission reaches, into its result's ``stage_s``."""
+
+    def __init__(self, result: SubmissionResult) -> None:
+        self.result, self.last = result, time.monotonic()
+
+    def __call__(self, stage: str) -> None:
+        now = time.monotonic()
+        self.result.stage_s[stage] = round(now - self.last, 2)
+        self.last = now
