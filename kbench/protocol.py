@@ -1,11 +1,12 @@
 """What the trusted side and a worker say to each other: typed, versioned messages.
 
-Both sides import this module and nothing else of kbench's (it imports only torch and the
-standard library). A message crosses the channel as a plain dict, ``{"v": VERSION, "kind":
+Both sides import this module; it imports, of kbench's, only kbench.wire (besides torch
+and the standard library). A message crosses the channel as a plain dict, ``{"v": VERSION, "kind":
 class name, field: value, ...}``, so the parent's allow-list unpickler (kbench.sandbox) never
 needs to build a kbench class from a worker's bytes. ``decode`` turns a dict back into its
-dataclass and checks every field's type against the dataclass's annotations: an answer from a
-worker is data from a process that may run candidate code, so nothing is used unchecked.
+dataclass and checks every field's type against the dataclass's annotations (kbench.wire):
+an answer from a worker is data from a process that may run candidate code, so nothing is
+used unchecked.
 
 Requests and the answer each expects:
 
@@ -27,18 +28,15 @@ Any request may instead be answered with Failed (an exception, as text).
 from __future__ import annotations
 
 import math
-import types
 import typing
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
+from kbench.wire import ProtocolError, build, plain, shown
+
 VERSION = 5
-
-
-class ProtocolError(ValueError):
-    """A message is not one this version of kbench sends."""
 
 
 class BadSamples(ProtocolError):
@@ -125,7 +123,7 @@ class Samples:
                    for k in ("after_ms", "idle_ms", "host_ms") for v in data[k]):
             raise BadSamples("the worker sent invalid device-busy or host times")
         try:
-            return _build(cls, data, "samples")
+            return build(cls, data, "samples")
         except ProtocolError as exc:
             raise BadSamples(str(exc)) from None
 
@@ -253,28 +251,30 @@ class Run:
 
 
 @dataclass(frozen=True)
-class Time:
-    """One round of the stopwatch on one case; the worker draws every input set itself from
-    a fresh secret seed, so the parent sends sizes, never values."""
+class Drawn:
+    """A request whose input sets the worker draws itself, each from a fresh secret seed: the
+    parent sends sizes, never values."""
 
-    answers: ClassVar[tuple[type, ...]] = (Timed,)
     params: dict[str, int]
     dtype: str
     distribution: str  # the task's first: what its inputs look like (kbench.inputs.draw)
     model: ModelSpec
+
+
+@dataclass(frozen=True)
+class Time(Drawn):
+    """One round of the stopwatch on one case."""
+
+    answers: ClassVar[tuple[type, ...]] = (Timed,)
     timing: TimingSettings
     keep: bool = False  # hold some outputs for Outputs
 
 
 @dataclass(frozen=True)
-class Prepare:
+class Prepare(Drawn):
     """Draw the input sets a Clocked pass of ``calls`` calls will rotate over."""
 
     answers: ClassVar[tuple[type, ...]] = (Prepared,)
-    params: dict[str, int]
-    dtype: str
-    distribution: str
-    model: ModelSpec
     calls: int
 
 
@@ -291,14 +291,10 @@ class Outputs:
 
 
 @dataclass(frozen=True)
-class Profile:
-    """One call under torch's profiler, on an input set the worker draws (as for Time)."""
+class Profile(Drawn):
+    """One call under torch's profiler."""
 
     answers: ClassVar[tuple[type, ...]] = (Profiled,)
-    params: dict[str, int]
-    dtype: str
-    distribution: str
-    model: ModelSpec
 
 
 @dataclass(frozen=True)
@@ -332,15 +328,7 @@ _KINDS = {cls.__name__: cls for cls in REQUESTS + typing.get_args(Answer)}
 def encode(message: Request | Answer) -> dict:
     """The dict that crosses the channel. Tensors stay the very tensors (never copies: a
     kept output must reach the parent as the worker's own memory, shared)."""
-    return {"v": VERSION, "kind": type(message).__name__, **_plain(message)}
-
-
-def _plain(value: Any) -> Any:
-    if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
-    if type(value) is list:
-        return [_plain(v) for v in value]
-    return value
+    return {"v": VERSION, "kind": type(message).__name__, **plain(message)}
 
 
 def decode(data: object, expected: tuple[type, ...]) -> Any:
@@ -350,67 +338,10 @@ def decode(data: object, expected: tuple[type, ...]) -> Any:
         raise ProtocolError(f"a message is a dict, got {type(data).__name__}")
     version, kind = data.get("v"), data.get("kind")
     if type(version) is not int or version != VERSION:
-        raise ProtocolError(f"protocol version {_shown(version)}, expected {VERSION}")
+        raise ProtocolError(f"protocol version {shown(version)}, expected {VERSION}")
     cls = _KINDS.get(kind) if type(kind) is str else None
     if cls is None or (cls not in expected and cls is not Failed):
         wanted = " or ".join(c.__name__ for c in expected)
-        raise ProtocolError(f"a message of kind {_shown(kind)}, expected {wanted}")
+        raise ProtocolError(f"a message of kind {shown(kind)}, expected {wanted}")
     body = {k: v for k, v in data.items() if k not in ("v", "kind")}
-    return _build(cls, body, cls.__name__)
-
-
-def _build(cls: type, data: object, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise ProtocolError(f"{where}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in fields(cls)}
-    if unknown := [k for k in data if k not in names]:
-        raise ProtocolError(f"{where}: unknown field {_shown(unknown[0])}")
-    values = {}
-    for f in fields(cls):
-        if f.name in data:
-            values[f.name] = _check(hints[f.name], data[f.name], f"{where}.{f.name}")
-        elif f.default is MISSING and f.default_factory is MISSING:
-            raise ProtocolError(f"{where}: missing field {f.name!r}")
-    return cls(**values)
-
-
-def _check(hint: Any, value: object, where: str) -> Any:
-    """``value`` if it is of type ``hint`` (exactly: a bool is no int, an int no float)."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(hint):
-            try:
-                return _check(option, value, where)
-            except ProtocolError:
-                continue
-        raise ProtocolError(f"{where}: expected {hint}, got {type(value).__name__}")
-    if hint is Any:
-        return value
-    if origin is list:
-        if type(value) is not list:
-            raise ProtocolError(f"{where}: expected a list, got {type(value).__name__}")
-        (item,) = typing.get_args(hint)
-        return [_check(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        key, item = typing.get_args(hint)
-        if type(value) is not dict:
-            raise ProtocolError(f"{where}: expected a mapping, got {type(value).__name__}")
-        return {_check(key, k, where): _check(item, v, f"{where}.{_shown(k)}")
-                for k, v in value.items()}
-    if hint is Samples:
-        return Samples.from_wire(value)
-    if is_dataclass(hint):
-        return _build(hint, value, where)
-    if type(value) is not hint:
-        raise ProtocolError(f"{where}: expected {getattr(hint, '__name__', hint)}, got "
-                            f"{type(value).__name__}")
-    return value
-
-
-def _shown(value: object) -> str:
-    """A value from a worker, for a message: strings short, anything else by its type only
-    (a repr of hostile data could be huge or never end)."""
-    if type(value) is str:
-        return repr(value[:40])
-    return str(value) if type(value) is int and abs(value) < 1 << 62 else type(value).__name__
+    return build(cls, body, cls.__name__)

@@ -75,7 +75,7 @@ def test_a_failure_is_an_answer_to_any_request():
     assert isinstance(p.decode(failed, p.Outputs.answers), p.Failed)
 
 
-PURE = ("protocol", "fingerprint", "stats", "inputs", "outputs")
+PURE = ("protocol", "wire", "fingerprint", "stats", "inputs", "outputs")
 
 
 def test_the_worker_imports_only_the_protocol_pure_helpers_and_torch():

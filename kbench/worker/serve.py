@@ -255,7 +255,7 @@ class Worker:
             self._free()
         return p.Profiled(kernels)
 
-    def _fresh_set(self, r: p.Time | p.Prepare | p.Profile) -> tuple[list, int]:
+    def _fresh_set(self, r: p.Drawn) -> tuple[list, int]:
         """An input set drawn from a new secret seed, and the seed."""
         seed = secrets.randbits(62)
         return problem.draw(self.reference, r.params, r.dtype, r.distribution, seed,
