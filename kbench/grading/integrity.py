@@ -95,10 +95,10 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark) -> None:
     device-wide synchronisation, no hold, no flush, as one request whose round trip is timed
     here, less that of the same pass with no call in it. The best pass's time per call (over a
     second set of passes where the first set fails) must be explained by the submission's
-    median plus its host dispatch time; work hidden from the
-    stopwatch, or a stopwatch tampered with in the worker, shows up as the difference:
-    flagged. The passes' outputs are verified too. Eager mode only: a graph replay's figures
-    leave out the per-call dispatch that such a pass includes."""
+    median plus its host dispatch time; work hidden from the stopwatch, or a stopwatch
+    tampered with in the worker, shows up as the difference: flagged. The passes' outputs are
+    verified too. Eager mode only: a graph replay's figures leave out the per-call dispatch
+    that such a pass includes."""
     if ctx.options.timing is not TimingMode.EAGER:
         return
     mine = bench.candidate
