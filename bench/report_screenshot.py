@@ -2,7 +2,7 @@
 headless Chromium, for the docs.
 
     python bench/report_screenshot.py reports/h100-2026-11-25-issue16/results.json \\
-        docs/report-h100.png --height 2200
+        /tmp/report.png --height 2200
 """
 
 from __future__ import annotations

@@ -109,6 +109,11 @@ def _results_parsers(sub) -> None:
     compare.add_argument("--fail-on-regression", type=float, metavar="PCT", help="exit 1 if a "
                          "size got slower beyond noise by more than PCT percent, or a correct "
                          "submission stopped being correct")
+    compare.add_argument("--noise-floor", type=float, metavar="PCT", help="changes within PCT "
+                         "percent are noise even where the intervals are disjoint, since runs "
+                         "differ more than one run's intervals say (default 3)")
+    compare.add_argument("--launch-bound-floor", type=float, metavar="PCT", help="the same for "
+                         "launch-bound sizes (default 10)")
     _out_option(compare)
     compare.set_defaults(handler=_compare)
 
@@ -187,12 +192,13 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from kbench.run_diff import DiffError, compare
+    from kbench.run_diff import DiffError, Floors, compare
 
     try:
         return compare(args.before, args.after,
                        (args.out or paths.default_reports_dir()).resolve(),
-                       args.fail_on_regression)
+                       args.fail_on_regression, Floors.given(args.noise_floor,
+                                                             args.launch_bound_floor))
     except DiffError as exc:
         return fail(str(exc))
 

@@ -119,7 +119,8 @@ def test_custom_kernel_share_and_its_policy(tmp_path, cache_dir):
     task = quick_task(tmp_path, **{"limits.host_memory_gib": 16})
     files = [str(ROOT / "kbench/submissions/l2norm_v8.py"),
              str(ROOT / "kbench/submissions/l2norm_triton.py"),
-             str(FIXTURES / "policy" / "l2norm_functional.py"), "--task", str(task)]
+             str(FIXTURES / "policy" / "l2norm_functional.py"), "--task", str(task),
+             "--profile", "quick"]
     code, results = grade(files, tmp_path / "free", cache_dir)
     subs = by_name(results)
     assert code == 0 and all(s["status"] == "ok" for s in subs.values()), subs

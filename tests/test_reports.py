@@ -13,7 +13,7 @@ import pytest
 from kbench import csv_report, html_report, report
 from kbench.cli import main
 from kbench.results import Benchmark, Measurement, ProblemRun, RunResult, SubmissionResult
-from kbench.run_diff import diff
+from kbench.run_diff import Floors, diff
 from kbench.verdict import Status
 
 HOSTILE = "<script>alert('reason')</script> and a very long tail " + "x" * 200
@@ -151,6 +151,30 @@ def test_compare_finds_a_slowed_kernel_and_nothing_in_an_unchanged_run():
     flagged = [c for c in slower.sizes if c.regressed(5.0)]
     assert {c.submission for c in flagged} == {"relu_fast"} and len(flagged) == 2
     assert not [c for c in slower.sizes if c.regressed(40.0)]  # -30 % is within 40 %
+
+
+def _narrow(run: RunResult, reference_ms: float) -> RunResult:
+    """``run`` with +-0.5 % speedup intervals and the reference at ``reference_ms``."""
+    return replace(run, submissions=[replace(s, benchmarks=[replace(
+        b, speedup_ci=[b.speedup * 0.995, b.speedup * 1.005],
+        reference=replace(b.reference, ms=reference_ms)) for b in s.benchmarks])
+        for s in run.submissions])
+
+
+@pytest.mark.parametrize("reference_ms, within, beyond", [(1.0, 0.98, 0.95),
+                                                           (0.02, 0.93, 0.85)])
+def test_compare_calls_small_changes_noise_even_with_disjoint_intervals(reference_ms, within,
+                                                                        beyond):
+    # Between runs speedups move more than one run's intervals say: a change under the floor
+    # (3 %, or 10 % where the reference is launch-bound) is not beyond noise.
+    run = _narrow(_run(), reference_ms)
+    small = diff(("a", run), ("b", _slowed(run, "relu_fast", within)))
+    moved = [c for c in small.sizes if c.submission == "relu_fast"]
+    assert all(c.disjoint and not c.beyond_noise for c in moved) and not small.regressions(0)
+    large = diff(("a", run), ("b", _slowed(run, "relu_fast", beyond)))
+    assert len(large.regressions(0)) == 2
+    unfloored = diff(("a", run), ("b", _slowed(run, "relu_fast", within)), Floors(0, 0))
+    assert len(unfloored.regressions(0)) == 2  # no floor: the intervals alone decide
 
 
 def test_compare_lists_verdicts_new_gone_and_no_longer_correct():

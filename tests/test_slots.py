@@ -13,8 +13,8 @@ from conftest import FIXTURES, PROBLEM_SET_ARGS, ROOT, grade
 
 from kbench.grading import units
 from kbench.grading.executor import Job
-from kbench.grading.slots import specs
 from kbench.grading.options import Device, OptionsError
+from kbench.grading.slots import specs
 
 
 def _verdicts(results: dict) -> dict[str, tuple]:
