@@ -154,7 +154,9 @@ def _fits_in_memory(ctx: Context, case: Case) -> None:
         free, where = psutil.virtual_memory().available, "host"
     if need > _MEMORY_SHARE * free:
         raise _Dropped(f"its reference would need about {need / 2**30:.1f} GiB of {where} "
-                       f"memory (in {case.dtype} and float64), {free / 2**30:.1f} GiB are free")
+                       f"memory (in {case.dtype} and float64), more than the "
+                       f"{_MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free that kbench "
+                       "lets a reference take")
 
 
 def _judged(ctx: Context, case: Case, own: float, lazy: float, degenerate: list[int]
