@@ -73,17 +73,20 @@ def test_kernel_languages_on_a_machine_without_gpu(tmp_path, cache_dir):
     from conftest import FIXTURES, ROOT, by_name, grade, quick_task
 
     task = quick_task(tmp_path)
-    code, results = grade([str(ROOT / "kbench" / "submissions" / "l2norm_triton.py"),
+    bundled = ROOT / "kbench" / "submissions"
+    code, results = grade([str(bundled / "l2norm_triton.py"), str(bundled / "l2norm_tilelang.py"),
                            str(FIXTURES / "dsl"), "--task", str(task), "--device", "cpu",
                            "--no-timing"], tmp_path / "out", cache_dir)
     subs = by_name(results)
     assert code == 0
     assert {n: s["backend"] for n, s in subs.items()} == {
         "l2norm_triton": "triton", "l2norm_triton_syntax": "triton",
-        "l2norm_cute": "cute_dsl", "l2norm_cute_syntax": "cute_dsl"}
-    for name in ("l2norm_triton", "l2norm_cute"):
+        "l2norm_tilelang": "tilelang", "l2norm_cute": "cute_dsl",
+        "l2norm_cute_syntax": "cute_dsl"}
+    for name in ("l2norm_triton", "l2norm_tilelang", "l2norm_cute"):
         assert subs[name]["status"] == "skipped", subs[name]["reason"]
     assert "Triton" in subs["l2norm_triton"]["reason"]
+    assert "TileLang" in subs["l2norm_tilelang"]["reason"]
     assert "CuTe DSL" in subs["l2norm_cute"]["reason"]
     for name in ("l2norm_triton_syntax", "l2norm_cute_syntax"):
         assert subs[name]["status"] == "import_error", subs[name]["reason"]

@@ -1,5 +1,7 @@
 """On a CUDA device (the lent GPU): the bundled submissions and the GPU-only faults."""
 
+import importlib.util
+
 import pytest
 from conftest import FIXTURES, ROOT, by_name, grade, has_gpu, quick_task
 
@@ -135,3 +137,13 @@ def test_custom_kernel_share_and_its_policy(tmp_path, cache_dir):
     flagged = subs["l2norm_functional"]
     assert flagged["status"] == "flagged" and "ran 0% of its GPU time" in flagged["reason"]
     assert "library" in flagged["reason"], flagged["reason"]
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("tilelang"), reason="needs TileLang")
+def test_tilelang_l2norm_is_graded_and_its_kernel_is_its_own(tmp_path, cache_dir):
+    task = quick_task(tmp_path, **{"limits.host_memory_gib": 16})
+    code, results = grade([str(ROOT / "kbench" / "submissions" / "l2norm_tilelang.py"),
+                           "--task", str(task), "--profile", "quick"], tmp_path / "out", cache_dir)
+    sub = by_name(results)["l2norm_tilelang"]
+    assert code == 0 and sub["status"] == "ok" and sub["speedup"] > 0, sub["reason"]
+    assert sub["backend"] == "tilelang" and sub["custom_share"] >= 0.9, sub["kernels"]
