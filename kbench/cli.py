@@ -107,8 +107,8 @@ def _results_parsers(sub) -> None:
     compare.add_argument("before", help="a run id in the store (see --out) or a results.json")
     compare.add_argument("after", help="the same, for the later run")
     compare.add_argument("--fail-on-regression", type=float, metavar="PCT", help="exit 1 if a "
-                         "size got slower beyond noise by more than PCT percent, or a correct "
-                         "submission stopped being correct")
+                         "size got slower beyond noise (intervals and floor) by more than PCT "
+                         "percent, or a correct submission stopped being correct")
     compare.add_argument("--noise-floor", type=float, metavar="PCT", help="changes within PCT "
                          "percent are noise even where the intervals are disjoint, since runs "
                          "differ more than one run's intervals say (default 3)")

@@ -101,7 +101,9 @@ def _clocks(m: Measurement | None) -> str:
     return text + (f", slowed on {m.slowed}" if m.slowed else "")
 
 
-def _launch_bound(run: RunResult, problem: ProblemRun) -> set[str]:
+def launch_bound(run: RunResult, problem: ProblemRun) -> set[str]:
+    """The problem's sizes (as params_text) whose eager reference took under LAUNCH_BOUND_MS
+    on a GPU: figures there are mostly launch overhead."""
     if run.timing_mode != "eager" or run.environment.get("device") != "cuda":
         return set()
     return {_shape(b) for b in problem.reference
@@ -112,7 +114,7 @@ def leaderboard(run: RunResult, images: dict[str, list[str]] | None = None) -> s
     """The run in Markdown; ``images`` (problem name, or "" for the run, -> chart files
     relative to the leaderboard) are shown where they belong."""
     images = images or {}
-    bound = set().union(*(_launch_bound(run, p) for p in run.problems))
+    bound = set().union(*(launch_bound(run, p) for p in run.problems))
     lines = [f"# kbench leaderboard: {run.task}", "", *_header(run, bound)]
     if len(run.problems) > 1:
         lines += ["", "## Summary", "", *_summary(run), *_images(images.get("", []))]
@@ -129,7 +131,7 @@ def leaderboard(run: RunResult, images: dict[str, list[str]] | None = None) -> s
 def _problem(run: RunResult, problem: ProblemRun, subs: list[SubmissionResult],
              titled: bool) -> list[str]:
     """One problem's section: its notes, reference, ranked and other submissions."""
-    bound = _launch_bound(run, problem)
+    bound = launch_bound(run, problem)
 
     def shape_name(b: Benchmark) -> str:
         return _shape(b) + (" †" if _shape(b) in bound else "")

@@ -11,8 +11,8 @@ all where launch overhead dominates. Measured on unchanged l2norm files: in 422 
 four runs on one host of 2x H200 (reports/h200x2-2026-11-26-scaling/), 11 had disjoint
 intervals, all at launch-bound sizes, moved by up to 7.8 %; between two such hosts
 (reports/h200x2-2026-11-26-compare/), 4 of 42, up to 1.1 % at ordinary sizes and 5.5 % at
-launch-bound ones. Hence the default floors, 3 % and 10 % (launch-bound: an eager reference
-under LAUNCH_BOUND_MS)."""
+launch-bound ones. Hence the default floors, 3 % and 10 % (launch-bound: marked † in the
+report)."""
 
 from __future__ import annotations
 
@@ -22,12 +22,12 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from kbench.report import LAUNCH_BOUND_MS
-from kbench.results import Benchmark, RunResult, params_text
+from kbench.report import launch_bound
+from kbench.results import RunResult, params_text
 from kbench.verdict import Status
 
 NOISE_FLOOR_PCT = 3.0  # smallest change called beyond noise, where intervals are disjoint
-LAUNCH_BOUND_FLOOR_PCT = 10.0  # the same for launch-bound sizes
+LAUNCH_BOUND_FLOOR_PCT = 10.0  # the same for launch-bound sizes (kbench.report.launch_bound)
 
 
 @dataclass(frozen=True)
@@ -127,13 +127,13 @@ class Floors:
         return cls(cls.ordinary if ordinary is None else ordinary,
                    cls.launch_bound if launch_bound is None else launch_bound)
 
-    def of(self, runs: tuple[RunResult, RunResult], benches: tuple[Benchmark, Benchmark]
-           ) -> float:
-        """A size's floor: launch-bound in either run (eager CUDA timing, reference under
-        LAUNCH_BOUND_MS) takes the wider one."""
-        bound = any(run.timing_mode == "eager" and run.environment.get("device") == "cuda"
-                    and bench.reference is not None and bench.reference.ms < LAUNCH_BOUND_MS
-                    for run, bench in zip(runs, benches, strict=True))
+    def check(self) -> None:
+        for flag, value in (("--noise-floor", self.ordinary),
+                            ("--launch-bound-floor", self.launch_bound)):
+            if not 0 <= value < 100:  # NaN fails too: it would hide every change
+                raise DiffError(f"{flag} {value:g}: expected a percentage from 0 to under 100")
+
+    def of(self, bound: bool) -> float:
         return self.launch_bound if bound else self.ordinary
 
 
@@ -141,6 +141,9 @@ def diff(before: tuple[str, RunResult], after: tuple[str, RunResult],
          floors: Floors = Floors()) -> Diff:
     old = {(s.problem, s.name): s for s in before[1].submissions}
     new = {(s.problem, s.name): s for s in after[1].submissions}
+    # Launch-bound in either run's reference table (as the report marks it, †): the wider floor.
+    bound = {(p.name, size) for run in (before[1], after[1]) for p in run.problems
+             for size in launch_bound(run, p)}
     sizes, verdicts = [], []
     for key in sorted(old.keys() | new.keys()):
         a, b = old.get(key), new.get(key)
@@ -152,9 +155,10 @@ def diff(before: tuple[str, RunResult], after: tuple[str, RunResult],
         for x in b.benchmarks:
             y = earlier.get((params_text(x.params), x.dtype))
             if x.speedup and y is not None:
-                sizes.append(SizeChange(*key, params_text(x.params), x.dtype, y.speedup,
-                                        y.speedup_ci, x.speedup, x.speedup_ci,
-                                        floors.of((before[1], after[1]), (y, x))))
+                size = params_text(x.params)
+                sizes.append(SizeChange(*key, size, x.dtype, y.speedup, y.speedup_ci,
+                                        x.speedup, x.speedup_ci,
+                                        floors.of((key[0], size) in bound)))
     return Diff(before[0], after[0], sizes, verdicts)
 
 
@@ -162,8 +166,10 @@ def compare(before: str, after: str, store_dir: Path, fail_pct: float | None,
             floors: Floors = Floors()) -> int:
     """`kbench compare`: print the diff; 1 if ``fail_pct`` is given and a regression beyond
     it was found, else 0. Raises DiffError for a run that cannot be read."""
-    if min(floors.ordinary, floors.launch_bound) < 0:
-        raise DiffError("--noise-floor and --launch-bound-floor: expected percentages >= 0")
+    floors.check()
+    if fail_pct is not None and not 0 <= fail_pct < 100:
+        raise DiffError(f"--fail-on-regression {fail_pct:g}: expected a percentage from 0 to "
+                        "under 100")
     result = diff(load(before, store_dir), load(after, store_dir), floors)
     print(render(result, fail_pct or 0.0))
     regressions = result.regressions(fail_pct) if fail_pct is not None else []

@@ -154,11 +154,12 @@ def test_compare_finds_a_slowed_kernel_and_nothing_in_an_unchanged_run():
 
 
 def _narrow(run: RunResult, reference_ms: float) -> RunResult:
-    """``run`` with +-0.5 % speedup intervals and the reference at ``reference_ms``."""
+    """``run`` with +-0.5 % speedup intervals and its reference table at ``reference_ms``."""
     return replace(run, submissions=[replace(s, benchmarks=[replace(
-        b, speedup_ci=[b.speedup * 0.995, b.speedup * 1.005],
-        reference=replace(b.reference, ms=reference_ms)) for b in s.benchmarks])
-        for s in run.submissions])
+        b, speedup_ci=[b.speedup * 0.995, b.speedup * 1.005]) for b in s.benchmarks])
+        for s in run.submissions], problems=[replace(p, reference=[replace(
+            b, reference=replace(b.reference, ms=reference_ms)) for b in p.reference])
+        for p in run.problems])
 
 
 @pytest.mark.parametrize("reference_ms, within, beyond", [(1.0, 0.98, 0.95),
@@ -199,6 +200,9 @@ def test_compare_command_exits_1_on_a_regression_beyond_noise(tmp_path, capsys):
     assert "REGRESSION" in out and "level1/relu/relu_fast" in out
     assert main(["compare", str(before), str(tmp_path / "missing.json")]) == 2
     assert "missing.json: not a kbench results.json" in capsys.readouterr().err
+    for flag in ("--noise-floor", "--launch-bound-floor", "--fail-on-regression"):
+        assert main(["compare", str(before), str(after), flag, "nan"]) == 2  # it would hide all
+        assert f"{flag} nan: expected a percentage" in capsys.readouterr().err
 
 
 def test_a_results_json_reads_back_as_the_run_it_was():
