@@ -122,6 +122,28 @@ def test_a_problem_too_large_for_host_memory_is_a_problem_error(tmp_path, cache_
     assert only["status"] == "task_error" and "GiB of host memory" in only["reason"]
 
 
+def test_the_memory_a_reference_needs_counts_what_is_alive_at_once(tmp_path):
+    # Ten rounds of three element-wise ops make 30 outputs the input's size, but no more than
+    # three are alive at once: the peak is what a run needs, not the sum (which kept problems
+    # that fit out, such as KernelBench's InstanceNorm on an H200).
+    import importlib.util
+
+    from kbench.problems.trial import on_meta
+
+    path = tmp_path / "chain.py"
+    path.write_text("import torch\nimport torch.nn as nn\nN = 256\n\n"
+                    "class Model(nn.Module):\n    def forward(self, x):\n"
+                    "        for _ in range(10):\n            x = torch.sin(x) * 2 + 1\n"
+                    "        return x\n\n"
+                    "def get_inputs():\n    return [torch.randn(N, N)]\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    spec = importlib.util.spec_from_file_location("chain", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    work = on_meta(module, {"N": 256})
+    assert 2 * work.input_bytes <= work.peak_bytes <= 4 * work.input_bytes
+
+
 def test_work_and_traffic_are_counted_for_a_problem_file():
     from kbench.task import load_task
 

@@ -34,9 +34,10 @@ _OWN_MARGIN = 4.0
 _WIDEN = 2.0
 _MAX_WIDEN = 1000.0
 # The reference runs in kbench's own process (on a GPU, beside the processes it starts): a case
-# whose tensors (every op's outputs added up, in the case's dtype and again in float64) would
-# take more than this share of the free host or device memory is not run, so a problem too
-# large for the machine cannot take kbench down with it.
+# whose tensors (the most alive at once, kbench.problems.trial, in the case's dtype and again
+# in float64) would take more than this share of the free host or device memory is not run, so
+# a problem too large for the machine cannot take kbench down with it. The rest leaves room for
+# what the count cannot see (library workspaces, an op's own temporaries).
 _MEMORY_SHARE = 0.6
 
 
@@ -146,7 +147,7 @@ def _fits_in_memory(ctx: Context, case: Case) -> None:
         work = on_meta(ctx.reference, case.params, case.dtype, ctx.task.mode == "eval")
     except TrialError:  # the reference's own failure shows when it runs
         return
-    need = 3 * work.made_bytes  # in the case's dtype, then in float64 (twice the bytes)
+    need = 3 * work.peak_bytes  # in the case's dtype, then in float64 (twice the bytes)
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()  # what earlier cases held is free for this one
         free, where = torch.cuda.mem_get_info(ctx.device)[0], "device"

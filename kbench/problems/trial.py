@@ -4,6 +4,7 @@ from shapes alone."""
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -30,7 +31,10 @@ class Work:
     bytes: int
     input_bytes: int
     output_bytes: int
-    made_bytes: int = 0  # every op's outputs added up, intermediates included (an upper bound)
+    # The most bytes alive at once during the call: inputs, parameters and buffers, and the
+    # op outputs not yet freed (each storage once). Tensors inside an op's own kernel, and
+    # library workspaces, are not seen: kbench.grading.screen leaves room for them.
+    peak_bytes: int = 0
 
 
 class TrialError(Exception):
@@ -41,17 +45,43 @@ def _nbytes(values: list) -> int:
     return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
 
 
-class _Made(TorchDispatchMode):
-    """Adds up the bytes of every tensor an op returns."""
+class _Peak(TorchDispatchMode):
+    """The most bytes the ops' outputs hold at once: each new storage counted when an op
+    returns it, and again free once no tensor on it is left (what a caching allocator would
+    reuse). Storages in ``held`` (the inputs, parameters and buffers) are not counted."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: list) -> None:
         super().__init__()
-        self.bytes = 0
+        self.held = {_storage(t) for t in held if isinstance(t, torch.Tensor)}
+        self.live = self.peak = 0
+        self.tensors: dict[int, list[int]] = {}  # storage -> [tensors alive on it, its bytes]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        self.bytes += _nbytes(tree_leaves(out))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor) and _storage(leaf) not in self.held:
+                self._made(leaf)
         return out
+
+    def _made(self, tensor: torch.Tensor) -> None:
+        key = _storage(tensor)
+        if key not in self.tensors:
+            self.tensors[key] = [0, tensor.untyped_storage().nbytes()]
+            self.live += self.tensors[key][1]
+            self.peak = max(self.peak, self.live)
+        self.tensors[key][0] += 1
+        weakref.finalize(tensor, self._freed, key)
+
+    def _freed(self, key: int) -> None:
+        entry = self.tensors[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.live -= entry[1]
+            del self.tensors[key]
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage()._cdata
 
 
 def on_meta(module: ModuleType, params: dict[str, int], dtype: str = "float32",
@@ -67,15 +97,16 @@ def on_meta(module: ModuleType, params: dict[str, int], dtype: str = "float32",
             if eval_mode:
                 model.eval()
             args = inputs.draw(module, params, dtype, inputs.PROBLEM, 0, "meta")
-            with torch.no_grad(), FlopCounterMode(display=False) as counter, _Made() as made:
+            state = [t for t in model.state_dict().values() if isinstance(t, torch.Tensor)]
+            with torch.no_grad(), FlopCounterMode(display=False) as counter, \
+                    _Peak([*tree_leaves(args), *state]) as made:
                 out = model(*args)
         leaves, _ = flatten(out)
     except Unsupported as exc:
         raise TrialError(f"returns {exc}") from None
     except Exception as exc:  # the reference's own failure, whatever it is
         raise TrialError(error_line(exc)) from None
-    state = [t for t in model.state_dict().values() if isinstance(t, torch.Tensor)]
     ins, outs = _nbytes(args), _nbytes(tensors(leaves))
     return Work(flops=int(counter.get_total_flops()), bytes=ins + _nbytes(state) + outs,
                 input_bytes=ins, output_bytes=outs,
-                made_bytes=ins + _nbytes(state) + made.bytes)
+                peak_bytes=ins + _nbytes(state) + made.peak)
