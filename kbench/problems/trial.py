@@ -52,19 +52,19 @@ class _Peak(TorchDispatchMode):
 
     def __init__(self, held: list) -> None:
         super().__init__()
-        self.held = {_storage(t) for t in held if isinstance(t, torch.Tensor)}
+        self.held = {_storage(t) for t in held}
         self.live = self.peak = 0
         self.tensors: dict[int, list[int]] = {}  # storage -> [tensors alive on it, its bytes]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor) and _storage(leaf) not in self.held:
-                self._made(leaf)
+            key = _storage(leaf)
+            if key is not None and key not in self.held:
+                self._made(leaf, key)
         return out
 
-    def _made(self, tensor: torch.Tensor) -> None:
-        key = _storage(tensor)
+    def _made(self, tensor: torch.Tensor, key: int) -> None:
         if key not in self.tensors:
             self.tensors[key] = [0, tensor.untyped_storage().nbytes()]
             self.live += self.tensors[key][1]
@@ -80,8 +80,15 @@ class _Peak(TorchDispatchMode):
             del self.tensors[key]
 
 
-def _storage(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage()._cdata
+def _storage(value: object) -> int | None:
+    """Which storage a tensor's bytes are in; None for other values and for tensors without
+    one (sparse, nested)."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    try:
+        return value.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def on_meta(module: ModuleType, params: dict[str, int], dtype: str = "float32",
