@@ -6,8 +6,10 @@ failures) or an error the worker reported (type and message, as text).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
 from kbench.build import first_error_line
 from kbench.protocol import WorkerError
@@ -48,6 +50,7 @@ _NO_GPU = ("Found no NVIDIA driver", "No CUDA GPUs are available",
 _OOM = ("OutOfMemoryError", "MemoryError", "can't allocate memory", "out of memory")
 _CUDA = ("CUDA error", "cudaError", "AcceleratorError", "CUDA kernel errors",
          "illegal memory access", "device-side assert")
+_TVM_WHERE = re.compile(r"-->\s+(.+?):(\d+)(?::\d+)?\s*$", re.M)  # TileLang's source location
 
 
 _FATES = {"crashed": Status.CRASHED, "timeout": Status.TIMEOUT,
@@ -82,6 +85,10 @@ def from_error(error: WorkerError, stage: str, device: str, log: str) -> Verdict
         return Verdict(Status.OUT_OF_MEMORY, f"{stage}: {said}")
     if any(s in text for s in _CUDA):
         return Verdict(Status.CUDA_ERROR, f"{stage}: {said}")
+    if kind.startswith("tvm.error."):  # TileLang's compiler (TVM), not a fault at run time
+        where = _TVM_WHERE.search(message)
+        at = f" (at {Path(where[1]).name}:{where[2]})" if where else ""
+        return Verdict(Status.BUILD_ERROR, f"{stage}: TileLang: {first}{at}"[:300])
     if error.stage == "import":
         return Verdict(Status.IMPORT_ERROR, said)
     return Verdict(Status.RUNTIME_ERROR, f"{stage}: {said}")

@@ -140,10 +140,13 @@ def test_custom_kernel_share_and_its_policy(tmp_path, cache_dir):
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("tilelang"), reason="needs TileLang")
-def test_tilelang_l2norm_is_graded_and_its_kernel_is_its_own(tmp_path, cache_dir):
+def test_tilelang_graded_its_kernel_its_own_its_compile_error_quoted(tmp_path, cache_dir):
     task = quick_task(tmp_path, **{"limits.host_memory_gib": 16})
     code, results = grade([str(ROOT / "kbench" / "submissions" / "l2norm_tilelang.py"),
+                           str(FIXTURES / "dsl_gpu" / "l2norm_tilelang_compile_error.py"),
                            "--task", str(task), "--profile", "quick"], tmp_path / "out", cache_dir)
-    sub = by_name(results)["l2norm_tilelang"]
+    sub, broken = (by_name(results)[n] for n in ("l2norm_tilelang",
+                                                   "l2norm_tilelang_compile_error"))
     assert code == 0 and sub["status"] == "ok" and sub["speedup"] > 0, sub["reason"]
     assert sub["backend"] == "tilelang" and sub["custom_share"] >= 0.9, sub["kernels"]
+    assert broken["status"] == "build_error" and "TileLang: " in broken["reason"], broken

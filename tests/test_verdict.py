@@ -51,6 +51,21 @@ def test_a_triton_compile_error_is_a_build_error_quoting_triton():
                               "NameError('BLOCK is not defined')")
 
 
+def test_a_tilelang_compile_error_is_a_build_error_quoting_tilelang():
+    message = ("Selected loop range is smaller than original src range at matched non-1 "
+               "dimension\nsrc buffer: x, scope=global\n  --> /tmp/w/l2norm_tl.py:8:1\n"
+               "    |\n 8 |     a = T.alloc_shared((64, 64), \"float32\")\n")
+    verdict = from_error(err("tvm.error.InternalError", message),
+                         "build (JIT warm-up, case 0)", "cuda", log="")
+    assert verdict.status is Status.BUILD_ERROR
+    assert verdict.reason == ("build (JIT warm-up, case 0): TileLang: Selected loop range is "
+                              "smaller than original src range at matched non-1 dimension "
+                              "(at l2norm_tl.py:8)")
+    fault = from_error(err("tvm.error.InternalError", "CUDA error: an illegal memory access"),
+                       "case 3", "cuda", log="")
+    assert fault.status is Status.CUDA_ERROR  # a fault at run time, not the compiler
+
+
 class Sneaky:
     def __reduce__(self):
         return (print, ("pwned",))
