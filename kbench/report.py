@@ -13,6 +13,7 @@ from tabulate import tabulate
 from kbench.grading.options import RIGOUR, Profile
 from kbench.peaks import peak_tflops
 from kbench.results import (
+    LAUNCH_BOUND_MS,
     Benchmark,
     Measurement,
     ProblemRun,
@@ -39,7 +40,6 @@ _MODE = {
                        "inputs (>= 3x L2) and is divided by the calls; host launch overhead "
                        "excluded",
 }
-LAUNCH_BOUND_MS = 0.05  # below this, an eager figure is mostly launch overhead
 MARKDOWN_PROBLEMS = 20  # per-problem charts in leaderboard.md up to this many problems
 
 
@@ -101,20 +101,11 @@ def _clocks(m: Measurement | None) -> str:
     return text + (f", slowed on {m.slowed}" if m.slowed else "")
 
 
-def launch_bound(run: RunResult, problem: ProblemRun) -> set[str]:
-    """The problem's sizes (as params_text) whose eager reference took under LAUNCH_BOUND_MS
-    on a GPU: figures there are mostly launch overhead."""
-    if run.timing_mode != "eager" or run.environment.get("device") != "cuda":
-        return set()
-    return {_shape(b) for b in problem.reference
-            if b.reference is not None and b.reference.ms < LAUNCH_BOUND_MS}
-
-
 def leaderboard(run: RunResult, images: dict[str, list[str]] | None = None) -> str:
     """The run in Markdown; ``images`` (problem name, or "" for the run, -> chart files
     relative to the leaderboard) are shown where they belong."""
     images = images or {}
-    bound = set().union(*(launch_bound(run, p) for p in run.problems))
+    bound = set().union(*(run.launch_bound(p) for p in run.problems))
     lines = [f"# kbench leaderboard: {run.task}", "", *_header(run, bound)]
     if len(run.problems) > 1:
         lines += ["", "## Summary", "", *_summary(run), *_images(images.get("", []))]
@@ -131,7 +122,7 @@ def leaderboard(run: RunResult, images: dict[str, list[str]] | None = None) -> s
 def _problem(run: RunResult, problem: ProblemRun, subs: list[SubmissionResult],
              titled: bool) -> list[str]:
     """One problem's section: its notes, reference, ranked and other submissions."""
-    bound = launch_bound(run, problem)
+    bound = run.launch_bound(problem)
 
     def shape_name(b: Benchmark) -> str:
         return _shape(b) + (" †" if _shape(b) in bound else "")

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 
 from kbench.verdict import Status
 
+LAUNCH_BOUND_MS = 0.05  # below this, an eager figure is mostly launch overhead
+
 
 def params_text(params: dict[str, int]) -> str:
     """A case's sizes as reports write them, in the task's parameter order: 4096x4096."""
@@ -156,6 +158,15 @@ class RunResult:
 
     def problem(self, name: str) -> ProblemRun | None:
         return next((p for p in self.problems if p.name == name), None)
+
+    def launch_bound(self, problem: ProblemRun) -> set[str]:
+        """The problem's sizes (as params_text) whose eager reference took under
+        LAUNCH_BOUND_MS on a GPU: figures there are mostly launch overhead (the report marks
+        them, `kbench compare` judges them with a wider noise floor)."""
+        if self.timing_mode != "eager" or self.environment.get("device") != "cuda":
+            return set()
+        return {params_text(b.params) for b in problem.reference
+                if b.reference is not None and b.reference.ms < LAUNCH_BOUND_MS}
 
     @classmethod
     def from_dict(cls, data: dict) -> RunResult:

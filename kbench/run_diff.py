@@ -22,12 +22,11 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from kbench.report import launch_bound
 from kbench.results import RunResult, params_text
 from kbench.verdict import Status
 
 NOISE_FLOOR_PCT = 3.0  # smallest change called beyond noise, where intervals are disjoint
-LAUNCH_BOUND_FLOOR_PCT = 10.0  # the same for launch-bound sizes (kbench.report.launch_bound)
+LAUNCH_BOUND_FLOOR_PCT = 10.0  # the same for launch-bound sizes (RunResult.launch_bound)
 
 
 @dataclass(frozen=True)
@@ -127,12 +126,6 @@ class Floors:
         return cls(cls.ordinary if ordinary is None else ordinary,
                    cls.launch_bound if launch_bound is None else launch_bound)
 
-    def check(self) -> None:
-        for flag, value in (("--noise-floor", self.ordinary),
-                            ("--launch-bound-floor", self.launch_bound)):
-            if not 0 <= value < 100:  # NaN fails too: it would hide every change
-                raise DiffError(f"{flag} {value:g}: expected a percentage from 0 to under 100")
-
     def of(self, bound: bool) -> float:
         return self.launch_bound if bound else self.ordinary
 
@@ -143,7 +136,7 @@ def diff(before: tuple[str, RunResult], after: tuple[str, RunResult],
     new = {(s.problem, s.name): s for s in after[1].submissions}
     # Launch-bound in either run's reference table (as the report marks it, †): the wider floor.
     bound = {(p.name, size) for run in (before[1], after[1]) for p in run.problems
-             for size in launch_bound(run, p)}
+             for size in run.launch_bound(p)}
     sizes, verdicts = [], []
     for key in sorted(old.keys() | new.keys()):
         a, b = old.get(key), new.get(key)
@@ -166,10 +159,11 @@ def compare(before: str, after: str, store_dir: Path, fail_pct: float | None,
             floors: Floors = Floors()) -> int:
     """`kbench compare`: print the diff; 1 if ``fail_pct`` is given and a regression beyond
     it was found, else 0. Raises DiffError for a run that cannot be read."""
-    floors.check()
-    if fail_pct is not None and not 0 <= fail_pct < 100:
-        raise DiffError(f"--fail-on-regression {fail_pct:g}: expected a percentage from 0 to "
-                        "under 100")
+    for flag, value in (("--noise-floor", floors.ordinary),
+                        ("--launch-bound-floor", floors.launch_bound),
+                        ("--fail-on-regression", fail_pct)):
+        if value is not None and not 0 <= value < 100:  # NaN fails too: it hides every change
+            raise DiffError(f"{flag} {value:g}: expected a percentage from 0 to under 100")
     result = diff(load(before, store_dir), load(after, store_dir), floors)
     print(render(result, fail_pct or 0.0))
     regressions = result.regressions(fail_pct) if fail_pct is not None else []
