@@ -101,7 +101,8 @@ def load(source: str, store_dir: Path) -> tuple[str, RunResult]:
         if not (store_dir / FILENAME).exists():
             raise DiffError(f"run {source}: no results store in {store_dir} (--out names it)")
         try:
-            return f"run {source}", Store(store_dir).load_run(int(source))
+            with Store(store_dir) as store:
+                return f"run {source}", store.load_run(int(source))
         except StoreError as exc:
             raise DiffError(str(exc)) from None
     path = Path(source)

@@ -26,6 +26,7 @@ FILENAME = "kbench.sqlite3"
 _APPLICATION_ID = 0x6B62656E  # "kben": marks the file as kbench's
 _SCHEMA_VERSION = 3  # 2: per-side Measurements, compile baseline; 3: many problems a run
 _BUSY_TIMEOUT_MS = 60_000
+OPENING_LOCK = ".kbench-store.lock"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -105,24 +106,42 @@ class Store:
         self._check_is_ours()
         self.presence = Presence(folder)  # other kbench processes see this one (kbench.guard)
         self._claims: dict[int, int] = {}  # run id -> descriptor of its lock, held here
-        self.db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_MS / 1000,
-                                  isolation_level=None)
+        with self._opening():
+            self.db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_MS / 1000,
+                                      isolation_level=None)
+            try:
+                self.db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+                self.db.execute("PRAGMA journal_mode = WAL")
+                with self._write():
+                    self._create_or_upgrade()
+            except sqlite3.DatabaseError as exc:
+                self.db.close()
+                raise StoreError(f"{self.path}: cannot use this results store ({exc})") from None
+
+    @contextmanager
+    def _opening(self) -> Iterator[None]:
+        """Hold the store's opening lock (a BSD lock on a side file). SQLite answers "database
+        is locked" at once, without waiting the busy timeout, when two processes switch a new
+        store to WAL together (seen on CI); so kbench processes open their store one at a time,
+        and close it so too, as the last connection out folds the log back into the file."""
+        fd = os.open(self.path.with_name(OPENING_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                     0o644)
         try:
-            self.db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-            self.db.execute("PRAGMA journal_mode = WAL")
-            with self._write():
-                if self.db.execute("PRAGMA application_id").fetchone()[0] != _APPLICATION_ID:
-                    for statement in _SCHEMA.split(";"):
-                        self.db.execute(statement)
-                    self.db.execute(f"PRAGMA application_id = {_APPLICATION_ID}")
-                    self.db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
-                elif self.db.execute("PRAGMA user_version").fetchone()[0] == 2:
-                    for statement in (_SCHEMA + ";" + _FROM_V2).split(";"):
-                        self.db.execute(statement)
-                    self.db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
-        except sqlite3.DatabaseError as exc:
-            self.db.close()
-            raise StoreError(f"{self.path}: cannot use this results store ({exc})") from None
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _create_or_upgrade(self) -> None:
+        if self.db.execute("PRAGMA application_id").fetchone()[0] != _APPLICATION_ID:
+            for statement in _SCHEMA.split(";"):
+                self.db.execute(statement)
+            self.db.execute(f"PRAGMA application_id = {_APPLICATION_ID}")
+            self.db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+        elif self.db.execute("PRAGMA user_version").fetchone()[0] == 2:
+            for statement in (_SCHEMA + ";" + _FROM_V2).split(";"):
+                self.db.execute(statement)
+            self.db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
 
     def _check_is_ours(self) -> None:
         """Refuse, without touching it, a file that is not an empty or kbench store."""
@@ -159,8 +178,15 @@ class Store:
         self.db.execute("COMMIT")
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
-        self.db.close()
+        with self._opening():
+            self.db.close()
         self.presence.close()
         for fd in self._claims.values():
             os.close(fd)

@@ -1,6 +1,7 @@
 """The results store: resume after kill -9, concurrent graders, reuse, history, bad files."""
 
 import json
+import multiprocessing
 import os
 import signal
 import sqlite3
@@ -15,7 +16,7 @@ from conftest import FIXTURES, ROOT, by_name, grade, quick_task
 
 from kbench import cli, report
 from kbench.guard import LOCK_NAME
-from kbench.store import FILENAME, Store
+from kbench.store import FILENAME, OPENING_LOCK, Store
 
 SLOW = FIXTURES / "slow"
 EXPECTED = {"l2norm_slow_a": "ok", "l2norm_slow_b": "wrong_output", "l2norm_slow_c": "ok",
@@ -112,6 +113,39 @@ def test_two_graders_on_one_folder(tmp_path, task, cache_dir):
     results = json.loads((out / "results.json").read_text())
     assert results["run_id"] in (1, 2) and len(results["submissions"]) == len(EXPECTED)
     assert not list((out / "logs").glob(".*"))
+
+
+def _open_write_close(folder: Path, barrier, errors) -> None:
+    barrier.wait()
+    try:
+        for _ in range(3):
+            store = Store(folder)
+            store.finish_run(store.start_run(
+                kbench_version="0", task="t", task_hash="h", seed=1, device="cpu",
+                fingerprint="f", options={}, environment={}))
+            store.close()
+    except Exception as exc:  # noqa: BLE001 - the parent reports whatever went wrong
+        errors.put(repr(exc))
+
+
+def test_processes_opening_one_store_together_all_get_it(tmp_path):
+    """SQLite refuses at once, not after its busy timeout, a second process switching a new
+    store to WAL; kbench's processes must still all get the store (a CI failure once)."""
+    ctx = multiprocessing.get_context("fork")
+    errors = ctx.Queue()
+    for trial in range(25):
+        barrier = ctx.Barrier(4)
+        procs = [ctx.Process(target=_open_write_close, args=(tmp_path / str(trial), barrier,
+                                                              errors)) for _ in range(4)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(60)
+        assert [proc.exitcode for proc in procs] == [0] * 4
+        assert errors.empty(), errors.get()
+        store = Store(tmp_path / str(trial))
+        assert store.db.execute("SELECT count(*) FROM runs").fetchone()[0] == 12
+        store.close()
 
 
 def test_a_second_resume_of_a_run_being_graded_is_refused(tmp_path, task, cache_dir):
@@ -238,7 +272,8 @@ def test_report_writes_are_atomic(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         report.write(run, tmp_path)
     assert (tmp_path / "leaderboard.md").read_text() == old
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".") and p.name != LOCK_NAME]
+    assert not [p for p in tmp_path.iterdir()
+                if p.name.startswith(".") and p.name not in (LOCK_NAME, OPENING_LOCK)]
 
 
 def test_reuse_needs_same_kbench_task_and_software(tmp_path):
