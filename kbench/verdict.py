@@ -50,7 +50,9 @@ _NO_GPU = ("Found no NVIDIA driver", "No CUDA GPUs are available",
 _OOM = ("OutOfMemoryError", "MemoryError", "can't allocate memory", "out of memory")
 _CUDA = ("CUDA error", "cudaError", "AcceleratorError", "CUDA kernel errors",
          "illegal memory access", "device-side assert")
-_TVM_WHERE = re.compile(r"-->\s+(.+?):(\d+)(?::\d+)?\s*$", re.M)  # TileLang's source location
+# Where TileLang's and CuTe DSL's compilers point in the kernel's source: "--> file:line[:col]".
+_SOURCE_AT = re.compile(r"-->\s+(.+?):(\d+)(?::\d+)?\s*$", re.M)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colours (CuTe DSL's, even into a pipe)
 
 
 _FATES = {"crashed": Status.CRASHED, "timeout": Status.TIMEOUT,
@@ -66,7 +68,7 @@ def from_fate(fate: str, stage: str, message: str) -> Verdict:
 def from_error(error: WorkerError, stage: str, device: str, log: str) -> Verdict:
     """An exception the worker reported during ``stage`` ("import", "init", "case ...", ...)."""
     kind = error.type
-    message = error.message
+    message = _ANSI.sub("", error.message)
     first = next((line.strip() for line in message.splitlines() if line.strip()), "")
     short = kind.rsplit(".", 1)[-1]
     said = f"{short}: {first}"[:300]
@@ -83,12 +85,21 @@ def from_error(error: WorkerError, stage: str, device: str, log: str) -> Verdict
         return Verdict(Status.SKIPPED, f"needs a CUDA device; none here ({said})")
     if any(s in text for s in _OOM):
         return Verdict(Status.OUT_OF_MEMORY, f"{stage}: {said}")
-    if any(s in text for s in _CUDA):
+    if any(s in text for s in _CUDA) or short == "DSLCudaRuntimeError":  # CuTe DSL's, launching
         return Verdict(Status.CUDA_ERROR, f"{stage}: {said}")
     if kind.startswith("tvm.error."):  # TileLang's compiler (TVM), not a fault at run time
-        where = _TVM_WHERE.search(message)
-        at = f" (at {Path(where[1]).name}:{where[2]})" if where else ""
-        return Verdict(Status.BUILD_ERROR, f"{stage}: TileLang: {first}{at}"[:300])
+        return Verdict(Status.BUILD_ERROR, f"{stage}: TileLang: {first}{_source_at(message)}"[:300])
+    if kind.startswith("cutlass."):  # CuTe DSL's compiler (tracing, its AST pass, MLIR)
+        lines = [line.strip() for line in message.splitlines() if line.strip()]
+        # Its diagnosis is the line "error: ..." (an internal error heads it with a banner).
+        said = next((line for line in lines if line.startswith("error:")), lines[0] if lines
+                    else short).removeprefix("error:").strip()
+        return Verdict(Status.BUILD_ERROR, f"{stage}: CuTe DSL: {said}{_source_at(message)}"[:300])
     if error.stage == "import":
         return Verdict(Status.IMPORT_ERROR, said)
     return Verdict(Status.RUNTIME_ERROR, f"{stage}: {said}")
+
+
+def _source_at(message: str) -> str:
+    where = _SOURCE_AT.search(message)
+    return f" (at {Path(where[1]).name}:{where[2]})" if where else ""

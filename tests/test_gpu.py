@@ -105,7 +105,8 @@ def test_triton_is_compiled_in_the_build_and_graded(tmp_path, cache_dir):
     # Triton, found by the build's warm-up launch.
     task = quick_task(tmp_path, **{"limits.host_memory_gib": 16})
     code, results = grade([str(ROOT / "kbench" / "submissions" / "l2norm_triton.py"),
-                           str(FIXTURES / "dsl_gpu"), "--task", str(task)], tmp_path / "out",
+                           str(FIXTURES / "dsl_gpu" / "l2norm_triton_compile_error.py"),
+                           "--task", str(task)], tmp_path / "out",
                           cache_dir)
     subs = by_name(results)
     ok, broken = subs["l2norm_triton"], subs["l2norm_triton_compile_error"]
@@ -150,3 +151,14 @@ def test_tilelang_graded_its_kernel_its_own_its_compile_error_quoted(tmp_path, c
     assert code == 0 and sub["status"] == "ok" and sub["speedup"] > 0, sub["reason"]
     assert sub["backend"] == "tilelang" and sub["custom_share"] >= 0.9, sub["kernels"]
     assert broken["status"] == "build_error" and "TileLang: " in broken["reason"], broken
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("cutlass"), reason="needs CuTe DSL")
+def test_a_cute_dsl_compile_error_is_a_build_error_quoting_it(tmp_path, cache_dir):
+    task = quick_task(tmp_path, **{"limits.host_memory_gib": 16})
+    code, results = grade([str(FIXTURES / "dsl_gpu" / "l2norm_cute_compile_error.py"),
+                           "--task", str(task), "--profile", "quick"], tmp_path / "out", cache_dir)
+    broken = by_name(results)["l2norm_cute_compile_error"]
+    assert code == 0 and broken["backend"] == "cute_dsl", broken
+    assert broken["status"] == "build_error", broken["reason"]
+    assert "CuTe DSL: NameError" in broken["reason"] and "undefined_scale" in broken["reason"]

@@ -6,7 +6,7 @@ import torch
 
 from kbench.protocol import WorkerError
 from kbench.sandbox import safe_loads
-from kbench.verdict import Status, from_error
+from kbench.verdict import Status, Verdict, from_error
 
 
 def err(kind, message, stage="run"):
@@ -64,6 +64,41 @@ def test_a_tilelang_compile_error_is_a_build_error_quoting_tilelang():
     fault = from_error(err("tvm.error.InternalError", "CUDA error: an illegal memory access"),
                        "case 3", "cuda", log="")
     assert fault.status is Status.CUDA_ERROR  # a fault at run time, not the compiler
+
+
+# CuTe DSL's messages as it raised them (nvidia-cutlass-dsl 4.8.1, compiling on a CPU host),
+# colours and all.
+_CUTE_NAME_ERROR = (
+    "\n\x1b[91m\x1b[1merror:\x1b[0m NameError in `_launch`: name 'undefined_scale' is not "
+    "defined\n  \x1b[94m-->\x1b[0m /w/l2norm_cute.py:12\n   |\n12 |     y[tidx] = x[tidx] * "
+    "undefined_scale\n   |     \x1b[91m^\x1b[0m\n  \x1b[94m= note:\x1b[0m Caused exception: "
+    "name 'undefined_scale' is not defined\n")
+_CUTE_INTERNAL = (
+    "\n\x1b[91m\x1b[1merror[INTERNAL]:\x1b[0m The compiler hit an internal DSL problem while "
+    "compiling your code.\n  \x1b[94mnote:\x1b[0m This is a bug in the DSL, not a mistake in "
+    "your kernel.\n  \x1b[91merror:\x1b[0m dynamic range should be always preprocessed to IR\n")
+_CUTE_MLIR = ("Operation creation failed:\nerror: unknown: expects coordinate to be weakly "
+              "congruent to the layout, but got '!cute.coord<\"(?,3,4)\">'")
+
+
+@pytest.mark.parametrize("kind, message, reason", [
+    ("cutlass.base_dsl.common.DSLUserCodeError", _CUTE_NAME_ERROR,
+     "NameError in `_launch`: name 'undefined_scale' is not defined (at l2norm_cute.py:12)"),
+    ("cutlass.base_dsl.common.DSLRuntimeError", _CUTE_INTERNAL,
+     "dynamic range should be always preprocessed to IR"),
+    ("cutlass._mlir._mlir_libs._cutlass_ir._mlir.ir.MLIRError", _CUTE_MLIR,
+     "unknown: expects coordinate to be weakly congruent to the layout, but got "
+     "'!cute.coord<\"(?,3,4)\">'"),
+])
+def test_a_cute_dsl_compile_error_is_a_build_error_quoting_its_diagnosis(kind, message, reason):
+    verdict = from_error(err(kind, message), "build (JIT warm-up, case 0)", "cuda", log="")
+    assert verdict == Verdict(Status.BUILD_ERROR,
+                              f"build (JIT warm-up, case 0): CuTe DSL: {reason}")
+    launch = from_error(err("cutlass.base_dsl.common.DSLCudaRuntimeError",
+                            "\x1b[91mCUDA launch failed: cudaErrorLaunchFailure (719)\x1b[0m"),
+                        "case 2", "cuda", log="")
+    assert launch == Verdict(Status.CUDA_ERROR, "case 2: DSLCudaRuntimeError: CUDA launch "
+                                                "failed: cudaErrorLaunchFailure (719)")
 
 
 class Sneaky:
