@@ -56,7 +56,7 @@ class Presence:
 
 
 @dataclass(frozen=True)
-class _Seen:
+class Seen:
     identity: tuple[int, int, int, int]
     data: bytes | None  # None: not kept (too large, or in the cache)
 
@@ -71,13 +71,15 @@ class Guard:
     cache: tuple[Path, ...] = ()
     shared: tuple[Path, ...] = ()
 
-    def snapshot(self, ignore: Iterable[Path] = (), shared: bool = True) -> dict[Path, _Seen]:
+    def snapshot(self, ignore: Iterable[Path] = (), shared: bool = True,
+                 known: dict[Path, Seen] | None = None) -> dict[Path, Seen]:
         """Every watched file, except those under ``ignore`` (what kbench itself will write
         meanwhile: logs, the submission's own build folder) and, unless ``shared``, those in
-        the shared folders."""
-        return self._scan(self._skipped(ignore, shared), keep_bytes=True)
+        the shared folders. ``known``: an earlier snapshot, whose kept bytes serve files of
+        the same identity again without reading them."""
+        return self._scan(self._skipped(ignore, shared), keep_bytes=True, known=known or {})
 
-    def repair(self, before: dict[Path, _Seen], ignore: Iterable[Path] = (),
+    def repair(self, before: dict[Path, Seen], ignore: Iterable[Path] = (),
                shared: bool = True) -> list[str]:
         """What changed since ``before`` (taken with the same ``ignore`` and ``shared``), one
         line per file saying what was done about it, after putting it right; an empty list
@@ -94,8 +96,9 @@ class Guard:
             lines.append(f"{path} ({what}, {self._undo(path, old)})")
         return lines
 
-    def _scan(self, skip: tuple[Path, ...], keep_bytes: bool) -> dict[Path, _Seen]:
-        seen: dict[Path, _Seen] = {}
+    def _scan(self, skip: tuple[Path, ...], keep_bytes: bool,
+              known: dict[Path, Seen] | None = None) -> dict[Path, Seen]:
+        seen: dict[Path, Seen] = {}
         for root, keep in [(r, True) for r in self.restorable] + [(c, False) for c in self.cache]:
             for path in _files(Path(root).resolve()):
                 if _under(path, skip) or path.name.endswith(_VOLATILE) or path.name == LOCK_NAME:
@@ -103,7 +106,12 @@ class Guard:
                 try:
                     identity = _identity(path)
                     keep_these = keep and keep_bytes and identity[1] <= _KEEP_BYTES
-                    seen[path] = _Seen(identity, path.read_bytes() if keep_these else None)
+                    old = (known or {}).get(path)
+                    if old is not None and old.identity == identity and (
+                            old.data is not None or not keep_these):
+                        seen[path] = old
+                        continue
+                    seen[path] = Seen(identity, path.read_bytes() if keep_these else None)
                 except OSError:
                     continue
         return seen
@@ -111,7 +119,7 @@ class Guard:
     def _skipped(self, ignore: Iterable[Path], shared: bool) -> tuple[Path, ...]:
         return tuple(Path(p).resolve() for p in (*ignore, *(() if shared else self.shared)))
 
-    def _undo(self, path: Path, old: _Seen | None) -> str:
+    def _undo(self, path: Path, old: Seen | None) -> str:
         folder = self._build_folder(path)
         try:
             if folder is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -28,10 +29,20 @@ _FLOATING = {"float32": torch.float32, "float16": torch.float16, "bfloat16": tor
              "float64": torch.float64}
 
 
+class _FromSource(importlib.machinery.SourceFileLoader):
+    """Compiles the file's text every time: never a cached .pyc beside it, which a submission
+    could have planted to change a reference, or another submission, behind a source file
+    that still reads (and hashes) the same."""
+
+    def get_code(self, fullname: str) -> types.CodeType:
+        return compile(self.get_data(self.path), self.path, "exec", dont_inherit=True)
+
+
 def load_file(path: str | Path, name: str) -> ModuleType:
     """Import a Python file as module ``name`` (registered in sys.modules, so that pickling
-    and dataclasses inside it work)."""
-    spec = importlib.util.spec_from_file_location(name, str(path))
+    and dataclasses inside it work), from its source."""
+    spec = importlib.util.spec_from_file_location(name, str(path),
+                                                  loader=_FromSource(name, str(path)))
     if spec is None or spec.loader is None:
         raise ImportError(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)

@@ -182,3 +182,86 @@ def test_cases_where_the_reference_is_rounding_noise_are_dropped_not_the_problem
     assert "case 1 dropped" in ctx.notes[0] and "rounding noise" in ctx.notes[0]
     everything = [entry(0, 1e12), entry(1, 1e9)]  # nothing left: the problem is refused later
     assert _without_noise(ctx, everything) == everything
+
+
+_RELU = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+batch_size = 8
+dim = 64
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+'''
+_HONEST = "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n" \
+          "    def forward(self, x):\n        return torch.relu(x)\n"
+
+
+def test_a_submission_cannot_change_a_later_problem_or_another_submission(tmp_path, cache_dir):
+    # One, on import, rewrites a problem graded after its own so that zeros would be right,
+    # and plants a YAML beside it; another, while called, breaks an honest file graded later.
+    problems, subs = tmp_path / "problems", tmp_path / "subs"
+    problems.mkdir()
+    for name in ("aa_relu", "zz_relu"):
+        (problems / f"{name}.py").write_text(_RELU)
+        (subs / name).mkdir(parents=True)
+    later, victim = problems / "zz_relu.py", subs / "zz_relu" / "honest.py"
+    victim.write_text(_HONEST)
+    (subs / "zz_relu" / "zeros.py").write_text(_HONEST.replace("torch.relu(x)",
+                                                               "torch.zeros_like(x)"))
+    (subs / "aa_relu" / "rewrites_problem.py").write_text(
+        f"from pathlib import Path\np = Path({str(later)!r})\n"
+        "p.write_text(p.read_text().replace('torch.relu(x)', 'torch.zeros_like(x)'))\n"
+        "p.with_suffix('.yaml').write_text('reference: zz_relu.py\\nmode: eval\\n')\n" + _HONEST)
+    (subs / "aa_relu" / "rewrites_submission.py").write_text(_HONEST.replace(
+        "        return torch.relu(x)",
+        f"        p = __import__('pathlib').Path({str(victim)!r})\n"
+        "        p.write_text(p.read_text().replace('relu(x)', 'zeros_like(x)'))\n"
+        "        return torch.relu(x)"))
+    code, results = grade([str(subs), "--task", str(problems), "--device", "cpu",
+                           "--no-timing", "--jobs", "1"], tmp_path / "out", cache_dir)
+    subs_by = by_name(results)
+    assert code == 0
+    for name, what in (("rewrites_problem", "zz_relu.py (changed, restored)"),
+                       ("rewrites_submission", "honest.py (changed, restored)")):
+        got = subs_by[f"aa_relu/{name}"]
+        assert got["status"] == "flagged" and what in got["reason"], got["reason"]
+    assert "zz_relu.yaml (new, removed)" in subs_by["aa_relu/rewrites_problem"]["reason"]
+    assert subs_by["zz_relu/honest"]["status"] == "ok", subs_by["zz_relu/honest"]["reason"]
+    assert subs_by["zz_relu/zeros"]["status"] == "wrong_output"
+    assert later.read_text() == _RELU and victim.read_text() == _HONEST
+    assert not later.with_suffix(".yaml").exists()
+
+
+def test_a_planted_pyc_does_not_change_what_a_file_runs(tmp_path):
+    # Python would run a .pyc whose header matches the source's mtime and size; kbench
+    # compiles the source it hashed.
+    import importlib._bootstrap_external as bootstrap
+    import importlib.util
+    import os
+
+    from kbench.inputs import load_file
+    source = tmp_path / "problem_file.py"
+    source.write_text("ANSWER = 'source'\n")
+    stat = os.stat(source)
+    forged = compile("ANSWER = 'planted'\n", str(source), "exec")
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    cached.parent.mkdir()
+    cached.write_bytes(bootstrap._code_to_timestamp_pyc(forged, int(stat.st_mtime),
+                                                        stat.st_size))
+    spec = importlib.util.spec_from_file_location("plain_import", source)
+    plain = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plain)
+    assert plain.ANSWER == "planted"  # the trick works on a plain import
+    assert load_file(source, "kbench_loaded").ANSWER == "source"

@@ -110,6 +110,7 @@ class LocalExecutor:
         return env
 
     def run(self, jobs: list[Job], sink: Sink) -> None:
+        self.watcher.for_run([job.task for job in jobs], [job.path for job in jobs])
         groups: dict[tuple[str, str], list[Job]] = {}
         for job in jobs:
             groups.setdefault((job.task, job.problem), []).append(job)

@@ -27,15 +27,20 @@ class Unit:
     environment_problem: str | None  # what kbench.doctor found on the driver's machine
     cores: int | None  # host cores the unit's builds share
     number: int = 0  # its place in the run's units (a retry keeps it)
+    # The whole run's problem and submission files: watched here too (Watcher.for_run).
+    run_tasks: tuple[str, ...] = ()
+    run_files: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return {"jobs": [j.to_dict() for j in self.jobs], "number": self.number,
-                "environment_problem": self.environment_problem, "cores": self.cores}
+                "environment_problem": self.environment_problem, "cores": self.cores,
+                "run_tasks": list(self.run_tasks), "run_files": list(self.run_files)}
 
     @classmethod
     def from_dict(cls, data: dict) -> Unit:
         return cls([Job.from_dict(j) for j in data["jobs"]], data["environment_problem"],
-                   data["cores"], data["number"])
+                   data["cores"], data["number"], tuple(data["run_tasks"]),
+                   tuple(data["run_files"]))
 
     def rest(self, jobs: list[Job]) -> Unit:
         """The same unit with only ``jobs`` left, to grade again."""
@@ -63,7 +68,10 @@ def split(jobs: list[Job], slots: int, environment_problem: str | None,
         size = math.ceil(len(group) / count)
         pieces += [group[i:i + size] for i in range(0, len(group), size)]
     pieces.sort(key=len, reverse=True)
-    return [Unit(piece, environment_problem, cores, k) for k, piece in enumerate(pieces)]
+    tasks = tuple(dict.fromkeys(job.task for job in jobs))
+    files = tuple(job.path for job in jobs)
+    return [Unit(piece, environment_problem, cores, k, tasks, files)
+            for k, piece in enumerate(pieces)]
 
 
 class EventSink:
@@ -94,6 +102,7 @@ def run(unit: Unit, emit: Emit) -> None:
     executor = _executors[key]
     executor.say = lambda line: emit({"say": line})  # this unit's emit (a Ray task has its own)
     executor.environment_problem = unit.environment_problem
+    executor.watcher.for_run(unit.run_tasks, unit.run_files)
     executor.run(unit.jobs, EventSink(emit))
 
 

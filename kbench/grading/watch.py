@@ -3,13 +3,15 @@ is put right and its verdict becomes flagged."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from kbench import paths
 from kbench.grading.context import Context
 from kbench.grading.options import Options
-from kbench.guard import Guard, Presence
+from kbench.guard import Guard, Presence, Seen
+from kbench.task import TaskError
+from kbench.task_yaml import read_yaml
 from kbench.verdict import Status, Verdict
 
 
@@ -30,28 +32,53 @@ class Watcher:
         self.guard = Guard(restorable=(options.out_dir, *code), cache=(cache,),
                            shared=(options.out_dir, cache))
         self.presences = [Presence(options.cache_dir)]  # and the store's (see add_presence)
-        self.task_files: tuple[Path, ...] = ()
+        self.run_files: dict[Path, None] = {}  # the run's problems and submissions (for_run)
+        self.known: dict[Path, Seen] = {}  # the last snapshots: kept bytes read once
         self.unwatched = 0  # windows whose writes to the shared folders went unchecked
 
     def add_presence(self, presence: Presence) -> None:
         self.presences.append(presence)
 
+    def for_run(self, tasks: Iterable[str], submissions: Iterable[str]) -> None:
+        """Watch every problem and submission of the run whenever any submission's code runs:
+        one could otherwise rewrite a problem graded after it (or plant a YAML beside it,
+        which would take over its settings), or another submission."""
+        for task in map(Path, tasks):
+            self.run_files.update(dict.fromkeys(_problem_files(task)))
+        self.run_files.update(dict.fromkeys(Path(s).resolve() for s in submissions))
+
     def for_task(self, ctx: Context) -> None:
         """Watch the task being graded too: its file and its reference."""
-        self.task_files = tuple(dict.fromkeys((ctx.task.path, ctx.task.reference_path)))
+        self.run_files.update(dict.fromkeys((ctx.task.path.resolve(), ctx.task.reference_path)))
 
     def watch(self, files: list[Path], ignore: list[Path]) -> Callable[[], list[str]]:
         """Start watching kbench's files, and ``files``, while submissions' code runs; call
         the result once it has ended: what they changed, put right since. The output folder
         and the build cache count only if no other kbench process used them at the start or
         at the end (their writes there cannot be told from a submission's)."""
-        guard = Guard(self.guard.restorable + self.task_files + tuple(files), self.guard.cache,
-                      self.guard.shared)
+        guard = Guard(self.guard.restorable + tuple(self.run_files) + tuple(files),
+                      self.guard.cache, self.guard.shared)
         alone = all(p.alone() for p in self.presences)
-        before = guard.snapshot(ignore, alone)
+        before = guard.snapshot(ignore, alone, self.known)
+        self.known.update(before)
 
         def changed() -> list[str]:
             shared = alone and all(p.alone() for p in self.presences)
             self.unwatched += not shared
             return guard.repair(before, ignore, shared)
         return changed
+
+
+def _problem_files(task: Path) -> list[Path]:
+    """A problem's files: the one named, the YAML or problem file of the same stem beside it
+    (found or not: a new one counts), and the problem file a YAML names."""
+    task = task.resolve()
+    files = [task, task.with_suffix(".yaml"), task.with_suffix(".py")]
+    try:
+        raw = read_yaml(files[1]) if files[1].is_file() else None
+    except TaskError:
+        raw = None  # reported when the problem is loaded
+    reference = raw.get("reference") if isinstance(raw, dict) else None
+    if isinstance(reference, str) and reference.endswith(".py"):
+        files.append((task.parent / reference).resolve())
+    return files
