@@ -36,7 +36,7 @@ def compare(out: list, structure: str, expected: list, expected_structure: str, 
     for i, (mine, want, best) in enumerate(zip(out, expected, exact, strict=True)):
         mine, want, best = as_tensor(mine), as_tensor(want), as_tensor(best)
         outcome = Comparison(False, reason) if (reason := _mismatch(mine, want)) else \
-            _values(mine, want, best, tol)
+            _values(_real(mine), _real(want), _real(best), tol)
         if not outcome.ok:
             where = f"output {i}: " if len(out) > 1 else ""
             return Comparison(False, where + outcome.reason, outcome.max_abs_err,
@@ -48,7 +48,7 @@ def compare(out: list, structure: str, expected: list, expected_structure: str, 
 
 def _values(mine: torch.Tensor, want: torch.Tensor, best: torch.Tensor,
             tol: Tolerance) -> Comparison:
-    if not want.is_floating_point() and not want.is_complex():
+    if not want.is_floating_point():
         if torch.equal(mine, want):
             return Comparison(True, "", 0.0, 0.0)
         bad = (mine != want)
@@ -73,8 +73,10 @@ def compare_in_chunks(out: list, structure: str, expected: list, expected_struct
         return Comparison(False, reason)
     for i, (mine, want) in enumerate(zip(out, expected, strict=True)):
         mine, want = as_tensor(mine), as_tensor(want)
-        outcome = Comparison(False, reason) if (reason := _mismatch(mine, want)) else \
-            _chunked(mine, want, tol, chunk) if want.is_floating_point() else \
+        if reason := _mismatch(mine, want):
+            return Comparison(False, (f"output {i}: " if len(out) > 1 else "") + reason)
+        mine, want = _real(mine), _real(want)
+        outcome = _chunked(mine, want, tol, chunk) if want.is_floating_point() else \
             _values(mine, want, want, tol)
         if not outcome.ok:
             where = f"output {i}: " if len(out) > 1 else ""
@@ -101,6 +103,12 @@ def _finite_rms(ref: torch.Tensor, chunk: int) -> float:
         finite = part[torch.isfinite(part)].to(torch.float64)
         squares, count = squares + float(finite.pow(2).sum()), count + finite.numel()
     return math.sqrt(squares / count) if count else 0.0
+
+
+def _real(values: torch.Tensor) -> torch.Tensor:
+    """Complex values as (real, imaginary) pairs, compared as floats: a plain conversion to
+    float64 would keep only the real part."""
+    return torch.view_as_real(values.resolve_conj()) if values.is_complex() else values
 
 
 def _structure(got: str, want: str) -> str | None:
@@ -213,6 +221,7 @@ def needed_scale(out: list, expected: list, exact: list, tol: Tolerance) -> floa
         mine, want, best = as_tensor(mine), as_tensor(want), as_tensor(best)
         if _mismatch(mine, want):
             return math.inf
+        mine, want, best = _real(mine), _real(want), _real(best)
         if not want.is_floating_point():
             if not torch.equal(mine, want):
                 return math.inf

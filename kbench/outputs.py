@@ -15,27 +15,33 @@ _NUMBERS = (bool, int, float)
 
 
 class Unsupported(TypeError):
-    """A value that is neither a tensor, a Python number nor a tuple or list of them."""
+    """A value that is neither a dense tensor, a Python number nor a tuple or list of them;
+    its message names what it is."""
 
 
-def flatten(value: Any) -> tuple[list[Any], str]:
+def flatten(value: Any, meta: bool = False) -> tuple[list[Any], str]:
     """The leaves of ``value`` in order and its structure; Unsupported for anything else (an
-    exact type check: a tensor subclass is not a tensor)."""
+    exact type check: a tensor subclass is not a tensor). ``meta``: tensors on the meta
+    device count (kbench.problems.trial runs the reference there)."""
     leaves: list[Any] = []
-    structure = _walk(value, leaves)
+    structure = _walk(value, leaves, meta)
     return leaves, structure
 
 
-def _walk(value: Any, leaves: list[Any]) -> str:
+def _walk(value: Any, leaves: list[Any], meta: bool) -> str:
     kind = type(value)
     if kind is torch.Tensor:
+        if value.layout is not torch.strided or value.is_nested or value.is_meta and not meta:
+            kind_of = "nested" if value.is_nested else "meta" if value.is_meta else \
+                str(value.layout).removeprefix("torch.").lstrip("_")
+            raise Unsupported(f"a {kind_of} tensor")
         leaves.append(value)
         return "tensor"
     if kind in _NUMBERS:
         leaves.append(value)
         return kind.__name__
     if kind in (tuple, list):
-        return f"{kind.__name__}({', '.join(_walk(v, leaves) for v in value)})"
+        return f"{kind.__name__}({', '.join(_walk(v, leaves, meta) for v in value)})"
     raise Unsupported(f"{kind.__module__}.{kind.__qualname__}")
 
 

@@ -26,12 +26,16 @@ EXPECTED = {
     "rnn_cell/fixed_batch": ("runtime_error", "Sizes of tensors must match"),
     "scaled_add/honest": ("ok", ""),
     "scaled_add/ignores_alpha": ("wrong_output", "values wrong"),
+    "scaled_add/sparse": ("wrong_output", "returned a sparse_coo tensor, expected dense"),
+    "spectrum/honest": ("ok", ""),
+    "spectrum/real_part_only": ("wrong_output", "values wrong"),
     "total/honest": ("ok", ""),
     "total/zero": ("wrong_output", "values wrong"),
     "broken_no_model/any": ("task_error", "broken_no_model.py: expected a KernelBench problem "
                                           "defining Model"),
     "broken_inputs_raise/any": ("task_error", "RuntimeError: no inputs today"),
     "broken_random/any": ("task_error", "non-deterministic outputs"),
+    "broken_dict_output/any": ("task_error", "the reference returns builtins.dict"),
 }
 
 
@@ -58,7 +62,8 @@ def test_bad_problems_are_reported_once_and_the_run_goes_on(run):
     code, results = run
     assert code == 0
     errors = {p["name"]: p["error"] for p in results["problems"] if p["error"]}
-    assert set(errors) == {"broken_no_model", "broken_inputs_raise", "broken_random"}
+    assert set(errors) == {"broken_no_model", "broken_inputs_raise", "broken_random",
+                           "broken_dict_output"}
     assert all(str(PROBLEMS) in e for e in errors.values())
     assert len(results["submissions"]) == len(EXPECTED)
 

@@ -74,7 +74,8 @@ def check(ctx: Context, channel: Channel, sub: Submission,
             raise
         if isinstance(answer, protocol.Unsupported):
             raise Stop(Verdict(Status.WRONG_OUTPUT, f"{case.describe()}: returned "
-                               f"{answer.output_type}, expected tensors or numbers"),
+                               f"{answer.output_type}, expected dense tensors or Python numbers, "
+                               "or tuples and lists of them"),
                        ctx.failure(sub, case))
         out = [_copy(v) for v in answer.returned]  # the grader's own: no worker can write it
         _judge(ctx, sub, case, inputs, sent, answer, out)

@@ -20,7 +20,7 @@ import torch
 from kbench.cases import Case
 from kbench.compare import needed_scale
 from kbench.grading.context import Context, Expected, NoExact
-from kbench.outputs import as_tensor
+from kbench.outputs import Unsupported, as_tensor
 from kbench.problems.trial import TrialError, on_meta
 from kbench.results import error_line, params_text
 
@@ -133,6 +133,9 @@ def _reference(ctx: Context, case: Case) -> tuple[Expected, list, Expected]:
                              "tolerances compare with float32")
             expected = ctx.expected(case.params, case.dtype, args)
         again = ctx.expected(case.params, case.dtype, args, exact=False)
+    except Unsupported as exc:
+        raise ProblemError(f"{ctx.task.path}: the reference returns {exc}; kbench compares dense "
+                           "tensors and Python numbers, or tuples and lists of them") from None
     except Exception as exc:  # the reference's failure at these sizes, whatever it is
         raise _Dropped(error_line(exc)) from None
     return expected, args, again
@@ -223,6 +226,8 @@ def _constant(leaf: object, other: object) -> torch.Tensor:
     want, seen = as_tensor(leaf), as_tensor(other)
     if not seen.numel():
         return torch.zeros_like(want)
+    if seen.is_complex():
+        return torch.full_like(want, complex(seen.to(torch.complex128).mean()))
     mean = seen.to(torch.float64).mean()
     value = mean if want.is_floating_point() else mean.round()
     return torch.full_like(want, float(value))

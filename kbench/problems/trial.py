@@ -108,7 +108,7 @@ def on_meta(module: ModuleType, params: dict[str, int], dtype: str = "float32",
             with torch.no_grad(), FlopCounterMode(display=False) as counter, \
                     _Peak([*tree_leaves(args), *state]) as made:
                 out = model(*args)
-        leaves, _ = flatten(out)
+        leaves, _ = flatten(out, meta=True)
     except Unsupported as exc:
         raise TrialError(f"returns {exc}") from None
     except Exception as exc:  # the reference's own failure, whatever it is
