@@ -13,10 +13,12 @@ plain data only, so nothing the child sends can make the parent import or run it
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
 import multiprocessing
 import os
 import pickle
+import secrets
 import shutil
 import signal
 import socket
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from enum import Enum
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -36,6 +39,9 @@ import torch.multiprocessing  # noqa: F401  (registers tensor sharing with the p
 from kbench import paths, protocol
 
 _POLL_S = 0.05
+_MARK = "KBENCH_SANDBOX_MARK"
+_PR_SET_CHILD_SUBREAPER = 36
+_ADOPTING = False
 _MAX_MESSAGE = 64 << 20
 _EXIT_GRACE_S = 10.0
 
@@ -106,10 +112,13 @@ class Sandbox:
         self.scratch = Path(tempfile.mkdtemp(prefix="kbench-sandbox-"))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         parent_end, child_end = socket.socketpair()
+        _adopt_orphans()
+        self.mark = secrets.token_hex(8)  # in the environment of all it starts (see _sweep)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kbench.worker", str(child_end.fileno()), str(os.getpid())],
-                cwd=self.scratch, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                cwd=self.scratch, env={**env, _MARK: self.mark}, stdin=subprocess.DEVNULL,
+                stdout=log,
                 stderr=subprocess.STDOUT, pass_fds=(child_end.fileno(),),
                 start_new_session=True)
         child_end.close()
@@ -125,6 +134,8 @@ class Sandbox:
     def request(self, message: protocol.Request, timeout: float) -> object:
         """Send one request; return the child's answer within ``timeout`` seconds, unpickled
         with the allow-list but not yet decoded (kbench.protocol.decode does that)."""
+        with contextlib.suppress(OSError):  # stopped by another worker's SIGSTOP? go on
+            os.killpg(self.proc.pid, signal.SIGCONT)
         try:
             self.conn.send(protocol.encode(message))
         except OSError:
@@ -184,6 +195,27 @@ class Sandbox:
         except psutil.Error:
             return []
 
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The worker's processes stopped (SIGSTOP) meanwhile, those that left its tree too:
+        while the reference is timed, none can run, signal it or compete for the host. Stopped
+        in rounds until no new one shows up (a process may fork as it is listed)."""
+        stopped: dict[int, psutil.Process] = {}
+        try:
+            for _ in range(5):
+                new = [p for p in self._tree() + _marked(self.mark) if p.pid not in stopped]
+                if not new:
+                    break
+                for proc in new:
+                    with contextlib.suppress(psutil.Error):
+                        proc.suspend()
+                        stopped[proc.pid] = proc
+            yield
+        finally:
+            for proc in stopped.values():
+                with contextlib.suppress(psutil.Error):
+                    proc.resume()
+
     def kill(self) -> None:
         """Kill the worker's process group and every descendant that left it."""
         stray = self._tree()
@@ -200,6 +232,10 @@ class Sandbox:
             self.proc.wait(timeout=_EXIT_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
+        if swept := _sweep(self.mark, [p for p in stray if p.pid != self.proc.pid]):
+            with contextlib.suppress(OSError), open(self.log_path, "a") as log:
+                log.write(f"\nkbench: killed what the worker left running after it: "
+                          f"{', '.join(swept)}\n")
 
     def close(self) -> None:
         """Ask the worker to exit, then make sure its whole tree is gone."""
@@ -243,6 +279,51 @@ def read_bounded(path: Path, limit: int) -> str:
         return ""
     return (head.decode(errors="replace") + f"\n[... {size - limit} bytes cut ...]\n"
             + tail.decode(errors="replace"))
+
+
+def _adopt_orphans() -> None:
+    """Make this process the one that inherits its descendants' orphans (Linux's child
+    subreaper), so that a process a worker left behind by forking twice and leaving its session
+    becomes a child of kbench, where ``_sweep`` finds it, instead of init's."""
+    global _ADOPTING
+    if not _ADOPTING and sys.platform == "linux":
+        _ADOPTING = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0,
+                                                            0) == 0
+
+
+def _sweep(mark: str, killed: list[psutil.Process]) -> list[str]:
+    """Reap the worker's descendants ``killed`` that were adopted here (see _adopt_orphans);
+    then kill and reap this process's other children that carry ``mark`` in their environment,
+    those that left the worker's tree and live on, in a few rounds, as one may be forking more.
+    Nothing else is reaped: another thread's subprocess must get its own exit status. One
+    that cleared its environment on exec is not found."""
+    for proc in killed:
+        with contextlib.suppress(psutil.Error):
+            if proc.ppid() == os.getpid():
+                proc.wait(timeout=_EXIT_GRACE_S)
+    swept: list[str] = []
+    for _ in range(5):
+        found = _marked(mark)
+        if not found:
+            break
+        for child in found:
+            with contextlib.suppress(psutil.Error):
+                swept.append(f"pid {child.pid} ({child.name()})")
+                for proc in [*child.children(recursive=True), child]:
+                    with contextlib.suppress(psutil.Error):
+                        proc.kill()
+                child.wait(timeout=_EXIT_GRACE_S)
+    return swept
+
+
+def _marked(mark: str) -> list[psutil.Process]:
+    """This process's children with ``mark`` in their environment (zombies have none)."""
+    found = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if child.environ().get(_MARK) == mark:
+                found.append(child)
+    return found
 
 
 def _rss(proc: psutil.Process) -> int:

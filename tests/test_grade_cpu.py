@@ -34,9 +34,11 @@ EXPECTED = {
     "l2norm_writes_cache": "flagged",
     "l2norm_patches_timer": "ok",
     "l2norm_slows_reference": "ok",
+    "l2norm_stops_reference": "ok",
 }
 # Tricks that stay correct, with the honest submission doing the same math: never faster.
-TWINS = {"l2norm_patches_timer": "l2norm_torch_ok", "l2norm_slows_reference": "l2norm_torch_ok"}
+TWINS = {"l2norm_patches_timer": "l2norm_torch_ok", "l2norm_slows_reference": "l2norm_torch_ok",
+         "l2norm_stops_reference": "l2norm_torch_ok"}
 
 
 @pytest.fixture(scope="module")
@@ -246,3 +248,24 @@ def test_the_quick_profile_gathers_less_and_says_so(tmp_path, cache_dir):
     assert "profile quick (2 rounds" in (out / "leaderboard.md").read_text()
     assert "\nrun_id,profile," in "\n" + (out / "results.csv").read_text()
     assert ",quick,l2norm," in (out / "results.csv").read_text()
+
+
+def test_processes_a_submission_leaves_behind_are_killed(tmp_path, cache_dir, monkeypatch):
+    # Forked twice into a session of its own, a daemon leaves the worker's process group and
+    # tree; kbench adopts such orphans (child subreaper) and kills them with the worker.
+    import psutil
+
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("STRAY_PIDS", str(pids))
+    out = tmp_path / "out"
+    code, results = grade([str(FIXTURES / "stray"), "--task", str(quick_task(tmp_path)),
+                           "--device", "cpu", "--no-timing"], out, cache_dir)
+    sub = by_name(results)["l2norm_leaves_daemon"]
+    assert code == 0 and sub["status"] == "ok", sub["reason"]
+    left = [int(line) for line in pids.read_text().split()]
+    assert len(left) == 2  # one from the build's import, one from the correctness worker's
+    alive = [pid for pid in left if psutil.pid_exists(pid)
+             and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive
+    logs = " ".join(p.read_text() for p in (out / "logs").glob("l2norm_leaves_daemon.*"))
+    assert logs.count("killed what the worker left running after it") == 2

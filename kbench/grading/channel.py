@@ -3,6 +3,8 @@ and every way a request can fail turned into a Stop carrying the verdict it earn
 
 from __future__ import annotations
 
+import contextlib
+
 from kbench import protocol
 from kbench import verdict as verdicts
 from kbench.discovery import Submission
@@ -40,6 +42,10 @@ class Channel:
 
     def close(self) -> None:
         self.box.close()
+
+    def frozen(self) -> contextlib.AbstractContextManager[None]:
+        """Its processes stopped meanwhile (kbench.sandbox.Sandbox.frozen)."""
+        return self.box.frozen()
 
     def call(self, request: protocol.Request, timeout: float, stage: str) -> protocol.Answer:
         """One request and its answer, decoded and checked (kbench.protocol)."""

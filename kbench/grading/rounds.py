@@ -47,7 +47,9 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
 
     def one_round(i: int, process: Channel, worker: ReferenceWorker, count: int) -> None:
         params = reference[i].params
-        theirs[i].append(worker.samples(i, params, count))
+        with process.frozen(), channel.frozen() if process is not channel else \
+                contextlib.nullcontext():  # no process of the submission runs meanwhile
+            theirs[i].append(worker.samples(i, params, count))
         mine[i].append(process.samples(params, count, keep=True))
         integrity.verify(ctx, process, params, mine[i][-1].kept)
 
