@@ -90,7 +90,8 @@ class Guard:
         lines = []
         for path in sorted(set(before) | set(after)):
             old, new = before.get(path), after.get(path)
-            if old is not None and new is not None and old.identity == new.identity:
+            if old is not None and new is not None and (
+                    old.identity == new.identity or _holds(path, old.data)):
                 continue
             what = "new" if old is None else "deleted" if new is None else "changed"
             lines.append(f"{path} ({what}, {self._undo(path, old)})")
@@ -147,6 +148,15 @@ class Guard:
             if root in path.parents:
                 return root / path.relative_to(root).parts[0]
         return None
+
+
+def _holds(path: Path, data: bytes | None) -> bool:
+    """Does the file hold ``data`` again (rewritten as it was, or put right by another
+    process)?"""
+    try:
+        return data is not None and path.read_bytes() == data
+    except OSError:
+        return False
 
 
 def _under(path: Path, roots: tuple[Path, ...]) -> bool:

@@ -232,7 +232,7 @@ class Sandbox:
             self.proc.wait(timeout=_EXIT_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
-        if swept := _sweep(self.mark, [p for p in stray if p.pid != self.proc.pid]):
+        if swept := _sweep(self.mark, self.proc.pid, descendants=len(stray) > 1):
             with contextlib.suppress(OSError), open(self.log_path, "a") as log:
                 log.write(f"\nkbench: killed what the worker left running after it: "
                           f"{', '.join(swept)}\n")
@@ -291,19 +291,16 @@ def _adopt_orphans() -> None:
                                                             0) == 0
 
 
-def _sweep(mark: str, killed: list[psutil.Process]) -> list[str]:
-    """Reap the worker's descendants ``killed`` that were adopted here (see _adopt_orphans);
-    then kill and reap this process's other children that carry ``mark`` in their environment,
-    those that left the worker's tree and live on, in a few rounds, as one may be forking more.
-    Nothing else is reaped: another thread's subprocess must get its own exit status. One
-    that cleared its environment on exec is not found."""
-    for proc in killed:
-        with contextlib.suppress(psutil.Error):
-            if proc.ppid() == os.getpid():
-                proc.wait(timeout=_EXIT_GRACE_S)
+def _sweep(mark: str, worker: int, descendants: bool) -> list[str]:
+    """Kill this process's children that carry ``mark`` in their environment (a worker's
+    descendants that left its tree, adopted here: see _adopt_orphans), in a few rounds, as one
+    may be forking more; then reap those, and the zombies of the worker's session (its
+    ``descendants``, killed, adopted here as their parents died). Nothing else is reaped:
+    another thread's subprocess must get its own exit status. One that cleared its
+    environment on exec is not found."""
     swept: list[str] = []
     for _ in range(5):
-        found = _marked(mark)
+        found = [p for p in _marked(mark) if p.pid != worker]
         if not found:
             break
         for child in found:
@@ -312,7 +309,14 @@ def _sweep(mark: str, killed: list[psutil.Process]) -> list[str]:
                 for proc in [*child.children(recursive=True), child]:
                     with contextlib.suppress(psutil.Error):
                         proc.kill()
-                child.wait(timeout=_EXIT_GRACE_S)
+        psutil.wait_procs(found, timeout=_EXIT_GRACE_S)  # children: this reaps them
+    for _ in range(3 if descendants or swept else 0):
+        time.sleep(0.02)  # a killed process's children are adopted as it dies
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error, OSError):
+                if child.pid != worker and child.status() == psutil.STATUS_ZOMBIE \
+                        and os.getsid(child.pid) == worker:
+                    os.waitpid(child.pid, os.WNOHANG)
     return swept
 
 

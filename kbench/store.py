@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -124,10 +125,20 @@ class Store:
         is locked" at once, without waiting the busy timeout, when two processes switch a new
         store to WAL together (seen on CI); so kbench processes open their store one at a time,
         and close it so too, as the last connection out folds the log back into the file."""
-        fd = os.open(self.path.with_name(OPENING_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                     0o644)
+        lock = self.path.with_name(OPENING_LOCK)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StoreError(f"{lock}: another process has held it for "
+                                         f"{_BUSY_TIMEOUT_MS // 1000} s; is a kbench process "
+                                         "stuck? (see `fuser` on it)") from None
+                    time.sleep(0.01)
             yield
         finally:
             os.close(fd)  # releases the lock
@@ -185,12 +196,14 @@ class Store:
         self.close()
 
     def close(self) -> None:
-        with self._opening():
-            self.db.close()
-        self.presence.close()
-        for fd in self._claims.values():
-            os.close(fd)
-        self._claims.clear()
+        try:
+            with self._opening():
+                self.db.close()
+        finally:
+            self.presence.close()
+            for fd in self._claims.values():
+                os.close(fd)
+            self._claims.clear()
 
     def _run_lock(self, run_id: int) -> Path:
         return self.path.with_name(f".kbench-run-{run_id}.lock")

@@ -107,3 +107,17 @@ def test_presence_tells_whether_another_process_uses_the_folder(tmp_path):
         other.wait()
     assert mine.alone()  # the kernel dropped the killed process's lock
     mine.close()
+
+
+def test_a_file_put_back_as_it_was_is_not_a_change(tmp_path):
+    # Another slot restoring what its submission wrote gives the file a new inode, but the
+    # same bytes: nothing this window's submission did.
+    guard, out, _ = _tree(tmp_path)
+    before = guard.snapshot()
+    store = out / "kbench.sqlite3"
+    replacement = out / "put-back"
+    replacement.write_bytes(store.read_bytes())
+    replacement.replace(store)
+    assert guard.repair(before) == []
+    store.write_bytes(b"other")
+    assert guard.repair(before) == [f"{store.resolve()} (changed, restored)"]

@@ -33,6 +33,7 @@ class Watcher:
                            shared=(options.out_dir, cache))
         self.presences = [Presence(options.cache_dir)]  # and the store's (see add_presence)
         self.run_files: dict[Path, None] = {}  # the run's problems and submissions (for_run)
+        self.task_files: tuple[Path, ...] = ()  # the problem being graded (for_task)
         self.known: dict[Path, Seen] = {}  # the last snapshots: kept bytes read once
         self.unwatched = 0  # windows whose writes to the shared folders went unchecked
 
@@ -42,22 +43,27 @@ class Watcher:
     def for_run(self, tasks: Iterable[str], submissions: Iterable[str]) -> None:
         """Watch every problem and submission of the run whenever any submission's code runs:
         one could otherwise rewrite a problem graded after it (or plant a YAML beside it,
-        which would take over its settings), or another submission."""
-        for task in map(Path, tasks):
+        which would take over its settings), or another submission. Like the output folder,
+        these count only while this process is alone: another slot of the run restoring what
+        its submission wrote would read here as this one's doing."""
+        for task in dict.fromkeys(map(Path, tasks)):
             self.run_files.update(dict.fromkeys(_problem_files(task)))
         self.run_files.update(dict.fromkeys(Path(s).resolve() for s in submissions))
 
     def for_task(self, ctx: Context) -> None:
-        """Watch the task being graded too: its file and its reference."""
-        self.run_files.update(dict.fromkeys((ctx.task.path.resolve(), ctx.task.reference_path)))
+        """Watch the task being graded always: its file and its reference."""
+        self.task_files = tuple(dict.fromkeys((ctx.task.path.resolve(), ctx.task.reference_path)))
 
     def watch(self, files: list[Path], ignore: list[Path]) -> Callable[[], list[str]]:
-        """Start watching kbench's files, and ``files``, while submissions' code runs; call
-        the result once it has ended: what they changed, put right since. The output folder
-        and the build cache count only if no other kbench process used them at the start or
-        at the end (their writes there cannot be told from a submission's)."""
-        guard = Guard(self.guard.restorable + tuple(self.run_files) + tuple(files),
-                      self.guard.cache, self.guard.shared)
+        """Start watching kbench's files, the task's and ``files``, while submissions' code
+        runs; call the result once it has ended: what they changed, put right since. The
+        output folder, the build cache and the run's other files count only if no other
+        kbench process used them at the start or at the end (their writes there cannot be
+        told from a submission's)."""
+        own = self.task_files + tuple(Path(f).resolve() for f in files)
+        others = tuple(f for f in self.run_files if f not in own)
+        guard = Guard(self.guard.restorable + own + others, self.guard.cache,
+                      self.guard.shared + others)
         alone = all(p.alone() for p in self.presences)
         before = guard.snapshot(ignore, alone, self.known)
         self.known.update(before)
