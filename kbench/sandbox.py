@@ -5,6 +5,9 @@ scratch working directory, with stdout and stderr going to a log file and never 
 results. Requests and answers travel over a private socket. Every request has a deadline;
 the parent watches the child's exit, its memory and its log size while it waits, and kills
 the whole process tree (group, then any stray descendants found by psutil) on any breach.
+kbench adopts the orphans of its workers' descendants (child subreaper), so one that left the
+tree and its session is still found, by a mark in its environment, and killed with the worker;
+while the reference is timed, a candidate's processes are stopped (``Sandbox.frozen``).
 
 Answers are unpickled with an allow-list: tensors (shared memory or CUDA IPC handles) and
 plain data only, so nothing the child sends can make the parent import or run its code.
@@ -118,8 +121,7 @@ class Sandbox:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kbench.worker", str(child_end.fileno()), str(os.getpid())],
                 cwd=self.scratch, env={**env, _MARK: self.mark}, stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT, pass_fds=(child_end.fileno(),),
+                stdout=log, stderr=subprocess.STDOUT, pass_fds=(child_end.fileno(),),
                 start_new_session=True)
         child_end.close()
         self.conn = Connection(parent_end.detach())
