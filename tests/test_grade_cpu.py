@@ -35,6 +35,7 @@ EXPECTED = {
     "l2norm_patches_timer": "ok",
     "l2norm_slows_reference": "ok",
     "l2norm_stops_reference": "ok",
+    "l2norm_caches_by_shape": "wrong_output",
 }
 # Tricks that stay correct, with the honest submission doing the same math: never faster.
 TWINS = {"l2norm_patches_timer": "l2norm_torch_ok", "l2norm_slows_reference": "l2norm_torch_ok",
@@ -70,6 +71,7 @@ def test_fixture_gets_its_verdict(run, name, status):
 
 def test_reasons_say_what_happened(run):
     subs = by_name(run[1])
+    assert subs["l2norm_caches_by_shape"]["reason"].startswith("case ")  # not a timed call
     assert "expected ';'" in subs["l2norm_build_error"]["reason"] \
         or "error" in subs["l2norm_build_error"]["reason"]
     assert "kbench_no_such_module" in subs["l2norm_import_error"]["reason"]
