@@ -32,6 +32,8 @@ SETTLE_S = 0.5
 # output would not fit beside the next case.
 _HELD_BYTES = 2 << 30
 
+_TWIN_SLACK = 10.0  # on the tolerance of the repeated case's twin (see _with_repeat)
+
 
 @dataclass(frozen=True)
 class Returned:
@@ -101,7 +103,9 @@ def _with_repeat(ctx: Context) -> list[tuple[Case, str]]:
     instance serves: it has seen every other input it serves in between, and the worker,
     which keeps only its latest few instances, still holds it. Then its "twin": the same
     sizes and dtype, other values (a seed derived from its own, so that ``--case`` repeats
-    it), which an output cached by shape does not survive: random cases rarely share sizes."""
+    it), which an output cached by shape does not survive: random cases rarely share sizes.
+    The twin's draw was not screened, so its tolerance is _TWIN_SLACK times the case's: a
+    stale output misses by the output's whole scale, honest rounding by far less."""
     if not ctx.cases:
         return []
     pick = _random.choice(ctx.cases)
@@ -109,7 +113,8 @@ def _with_repeat(ctx: Context) -> list[tuple[Case, str]]:
     last = max(i for i, case in enumerate(ctx.cases)
                if repr(ctx.spec(case.params, case.dtype)) == key)
     order = [(case, "first" if case is pick else "once") for case in ctx.cases]
-    twin = replace(pick, seed=(pick.seed * 6364136223846793005 + 1442695040888963407) % 2**63)
+    twin = replace(pick, seed=(pick.seed * 6364136223846793005 + 1442695040888963407) % 2**63,
+                   scale=pick.scale * _TWIN_SLACK)
     order[last + 1:last + 1] = [(pick, "again"), (twin, "twin")]
     return order
 
