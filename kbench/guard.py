@@ -77,7 +77,7 @@ class Guard:
         meanwhile: logs, the submission's own build folder) and, unless ``shared``, those in
         the shared folders. ``known``: an earlier snapshot, whose kept bytes serve files of
         the same identity again without reading them."""
-        return self._scan(self._skipped(ignore, shared), keep_bytes=True, known=known or {})
+        return self._scan(self._skipped(ignore, shared), keep_bytes=True, known=known)
 
     def repair(self, before: dict[Path, Seen], ignore: Iterable[Path] = (),
                shared: bool = True) -> list[str]:
@@ -100,6 +100,7 @@ class Guard:
     def _scan(self, skip: tuple[Path, ...], keep_bytes: bool,
               known: dict[Path, Seen] | None = None) -> dict[Path, Seen]:
         seen: dict[Path, Seen] = {}
+        known = known or {}
         for root, keep in [(r, True) for r in self.restorable] + [(c, False) for c in self.cache]:
             for path in _files(Path(root).resolve()):
                 if _under(path, skip) or path.name.endswith(_VOLATILE) or path.name == LOCK_NAME:
@@ -107,7 +108,7 @@ class Guard:
                 try:
                     identity = _identity(path)
                     keep_these = keep and keep_bytes and identity[1] <= _KEEP_BYTES
-                    old = (known or {}).get(path)
+                    old = known.get(path)
                     if old is not None and old.identity == identity and (
                             old.data is not None or not keep_these):
                         seen[path] = old

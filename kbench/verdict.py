@@ -90,10 +90,9 @@ def from_error(error: WorkerError, stage: str, device: str, log: str) -> Verdict
     if kind.startswith("tvm.error."):  # TileLang's compiler (TVM), not a fault at run time
         return Verdict(Status.BUILD_ERROR, f"{stage}: TileLang: {first}{_source_at(message)}"[:300])
     if kind.startswith("cutlass."):  # CuTe DSL's compiler (tracing, its AST pass, MLIR)
-        lines = [line.strip() for line in message.splitlines() if line.strip()]
         # Its diagnosis is the line "error: ..." (an internal error heads it with a banner).
-        said = next((line for line in lines if line.startswith("error:")), lines[0] if lines
-                    else short).removeprefix("error:").strip()
+        said = next((line.strip().removeprefix("error:").strip() for line in message.splitlines()
+                     if line.strip().startswith("error:")), first or short)
         return Verdict(Status.BUILD_ERROR, f"{stage}: CuTe DSL: {said}{_source_at(message)}"[:300])
     if error.stage == "import":
         return Verdict(Status.IMPORT_ERROR, said)
