@@ -53,10 +53,10 @@ def _grade_parser(sub) -> None:
     grade.add_argument("--device", choices=["cpu", "cuda"],
                        help="where to run (default: cuda when a GPU is visible, else cpu)")
     _out_option(grade)
-    grade.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                       help="parallel builds, the cores shared among them (default: one per "
-                       "core: an extension's .cu file compiles in one serial nvcc chain, so "
-                       "two cores per build leave one idle most of the time)")
+    grade.add_argument("--build-jobs", "--jobs", type=int, dest="jobs",
+                       help="builds at a time, on one pool for the whole run (default: one per "
+                       "core not kept for timing: an extension's .cu file compiles in one "
+                       "serial nvcc chain, so a build keeps about one core busy)")
     grade.add_argument("--seed", type=int, help="run seed; shapes and values follow from it "
                        "(default: a fresh one, printed and recorded)")
     grade.add_argument("--case", type=int, action="append", dest="cases", metavar="K",

@@ -27,8 +27,8 @@ def grade(args: argparse.Namespace) -> int:
     from kbench.store import Store, StoreError
     from kbench.task import TaskError
 
-    if args.jobs < 1:
-        return fail("--jobs must be at least 1")
+    if args.jobs is not None and args.jobs < 1:
+        return fail(f"--build-jobs {args.jobs}: expected at least 1")
     out_dir = (args.out or paths.default_reports_dir()).resolve()
     try:
         label, problems = find_problems(args.task)

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kbench.grading import run
-from kbench.grading.executor import Executor, LocalExecutor
+from kbench.grading.executor import LocalExecutor
+from kbench.grading.jobs import Executor
 from kbench.grading.options import Device, Options, OptionsError
 from kbench.store import Store
 

@@ -29,6 +29,7 @@ from pathlib import Path
 _KEEP_BYTES = 64 << 20  # restorable files are kept in memory up to this size each
 _VOLATILE = ("-wal", "-shm")  # SQLite's side files in WAL mode: readers write them too
 LOCK_NAME = ".kbench-presence"
+BUILDING_NAME = ".kbench-building"
 
 
 class Presence:
@@ -53,6 +54,41 @@ class Presence:
 
     def close(self) -> None:
         os.close(self._fd)  # releases the lock
+
+
+class BuildMark:
+    """Whether a kbench build pipeline (kbench.grading.pipeline) is at work on a build cache:
+    the pipeline holds a shared BSD lock on a file there while it has builds left, and any
+    process (the pipeline's own included: BSD locks belong to an open file, not a process)
+    finds out by asking for an exclusive one. A change to kbench's files seen while builds ran
+    beside a submission's code cannot be pinned on that submission."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        self.path = Path(cache_dir) / BUILDING_NAME
+        self._held: int | None = None
+
+    def hold(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._held = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fcntl.flock(self._held, fcntl.LOCK_SH)
+
+    def release(self) -> None:
+        if self._held is not None:
+            os.close(self._held)  # releases the lock
+            self._held = None
+
+    def busy(self) -> bool:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False  # never created: no pipeline has used this cache
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)  # closing drops the probe's lock too
+        return False
 
 
 @dataclass(frozen=True)
@@ -103,7 +139,8 @@ class Guard:
         known = known or {}
         for root, keep in [(r, True) for r in self.restorable] + [(c, False) for c in self.cache]:
             for path in _files(Path(root).resolve()):
-                if _under(path, skip) or path.name.endswith(_VOLATILE) or path.name == LOCK_NAME:
+                if _under(path, skip) or path.name.endswith(_VOLATILE) or \
+                        path.name in (LOCK_NAME, BUILDING_NAME):
                     continue
                 try:
                     identity = _identity(path)

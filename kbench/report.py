@@ -206,6 +206,8 @@ def _header(run: RunResult, bound: set[str]) -> list[str]:
              "task's fresh_rounds_below_ms take each round in new processes on both sides); "
              "\"vs compile\" divides "
              "torch.compile of the reference, timed once at the start"]
+    if split := env.get("host_split"):
+        lines.append(f"- host cores: {split['text']}")
     if bound:
         lines.append(f"- launch-bound (marked †, reference under {LAUNCH_BOUND_MS * 1e3:.0f} us): "
                      "these figures include the device's per-kernel launch gaps, which can "

@@ -105,27 +105,20 @@ class Sandbox:
     """One worker process. Use as a context manager; ``request`` raises SandboxFailure."""
 
     def __init__(self, log_path: Path, env: dict[str, str], memory_bytes: int,
-                 log_bytes: int) -> None:
-        # Written under a private name, renamed into place on close: two graders sharing an
-        # output folder never interleave their logs.
+                 log_bytes: int, cpus: tuple[int, ...] = (), nice: int = 0) -> None:
         self.final_log_path = log_path
-        self.log_path = log_path.with_name(f".{log_path.name}.{os.getpid()}.{id(self):x}")
         self.memory_bytes = memory_bytes
         self.log_bytes = log_bytes
-        self.scratch = Path(tempfile.mkdtemp(prefix="kbench-sandbox-"))
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        parent_end, child_end = socket.socketpair()
-        _adopt_orphans()
-        self.mark = secrets.token_hex(8)  # in the environment of all it starts (see _sweep)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kbench.worker", str(child_end.fileno()), str(os.getpid())],
-                cwd=self.scratch, env={**env, _MARK: self.mark}, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, pass_fds=(child_end.fileno(),),
-                start_new_session=True)
-        child_end.close()
-        self.conn = Connection(parent_end.detach())
-        self.conn.send_bytes(multiprocessing.current_process().authkey)
+        spare = _SPARES.pop(log_path, None)
+        if spare is not None and spare.env == env and spare.proc.poll() is None:
+            started = spare
+        else:
+            if spare is not None:
+                spare.discard()
+            started = _Started(log_path, env)
+        _place(started.proc.pid, cpus, nice)
+        self.log_path, self.scratch, self.mark = started.log_path, started.scratch, started.mark
+        self.proc, self.conn = started.proc, started.conn
 
     def __enter__(self) -> Sandbox:
         return self
@@ -258,6 +251,70 @@ class Sandbox:
     def log_text(self, limit: int = 256 << 10) -> str:
         """The log, or its first and last ``limit / 2`` bytes when it is longer."""
         return read_bounded(self.log_path, limit)
+
+
+class _Started:
+    """A worker process as started: torch imported by the time it is first asked anything,
+    and, where it was started as a spare for a CUDA device, its CUDA context made."""
+
+    def __init__(self, log_path: Path, env: dict[str, str], device: str = "") -> None:
+        # Written under a private name, renamed into place on close: two graders sharing an
+        # output folder never interleave their logs.
+        self.env = env
+        self.log_path = log_path.with_name(f".{log_path.name}.{os.getpid()}.{id(self):x}")
+        self.scratch = Path(tempfile.mkdtemp(prefix="kbench-sandbox-"))
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        parent_end, child_end = socket.socketpair()
+        _adopt_orphans()
+        self.mark = secrets.token_hex(8)  # in the environment of all it starts (see _sweep)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kbench.worker", str(child_end.fileno()), str(os.getpid()),
+                 device], cwd=self.scratch, env={**env, _MARK: self.mark},
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                pass_fds=(child_end.fileno(),), start_new_session=True)
+        child_end.close()
+        self.conn = Connection(parent_end.detach())
+        self.conn.send_bytes(multiprocessing.current_process().authkey)
+
+    def discard(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=_EXIT_GRACE_S)
+        _sweep(self.mark, self.proc.pid, descendants=True)
+        self.conn.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        self.log_path.unlink(missing_ok=True)
+
+
+_SPARES: dict[Path, _Started] = {}  # by the log the worker will write: one spare per use
+
+
+def prestart(log_path: Path, env: dict[str, str], device: str) -> None:
+    """Start now the worker a Sandbox for ``log_path`` with ``env`` will use: its start (torch's
+    import, the CUDA context) then overlaps other work, and the Sandbox finds it ready. It is
+    a fresh process all the same, used once; one asked for with another environment is not
+    used."""
+    if log_path not in _SPARES:
+        _SPARES[log_path] = _Started(log_path, env, device)
+
+
+def drop_spares() -> None:
+    """End the spares no Sandbox took."""
+    while _SPARES:
+        _SPARES.popitem()[1].discard()
+
+
+def _place(pid: int, cpus: tuple[int, ...], nice: int) -> None:
+    """Keep a process (and what it starts) on ``cpus`` at ``nice``: builds run on their own
+    cores at low priority, away from the cores timing runs on (kbench.grading.hostsplit)."""
+    with contextlib.suppress(psutil.Error, OSError, ValueError):
+        proc = psutil.Process(pid)
+        if cpus:
+            proc.cpu_affinity(list(cpus))
+        if nice:
+            proc.nice(nice)
 
 
 def remove_stale_logs(folder: Path) -> None:

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from kbench import backends
-from kbench.grading.executor import Job
+from kbench.grading.jobs import Job
 from kbench.grading.options import Device, Options, OptionsError, TimingMode
 from kbench.toolchain import Toolchain
 from kbench.verdict import Status
@@ -35,7 +35,7 @@ def test_options_are_typed_and_checked_once(tmp_path):
     options = Options(device="cpu", out_dir=tmp_path, cache_dir=tmp_path, jobs=2, seed=5)
     assert options.device is Device.CPU and options.timing is TimingMode.EAGER
     assert Options.from_dict(options.to_dict()) == options
-    for bad, message in (({"timing": "graph"}, "--timing graph"), ({"jobs": 0}, "--jobs 0"),
+    for bad, message in (({"timing": "graph"}, "--timing graph"), ({"jobs": 0}, "--build-jobs 0"),
                          ({"device": "tpu"}, "--device tpu")):
         fields = {**options.to_dict(), **bad}
         try:

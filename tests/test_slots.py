@@ -12,7 +12,7 @@ import pytest
 from conftest import FIXTURES, PROBLEM_SET_ARGS, ROOT, grade
 
 from kbench.grading import units
-from kbench.grading.executor import Job
+from kbench.grading.jobs import Job
 from kbench.grading.options import Device, OptionsError
 from kbench.grading.slots import specs
 
@@ -143,7 +143,7 @@ def test_slots_that_cannot_start_leave_no_job_without_a_verdict(tmp_path, monkey
     from kbench.grading import slots
     from kbench.grading.options import Options
 
-    def cannot_start(slot):
+    def cannot_start(slot, cpus):
         raise OSError("exec format error")
 
     class Sink:
@@ -170,7 +170,7 @@ def test_each_unit_says_its_lines_through_its_own_emit(tmp_path, monkeypatch):
     from kbench.grading.executor import LocalExecutor
     from kbench.grading.options import Options
 
-    monkeypatch.setattr(LocalExecutor, "run", lambda self, jobs, sink: self.say(jobs[0].name))
+    monkeypatch.setattr(LocalExecutor, "run", lambda self, jobs, *rest: self.say(jobs[0].name))
     options = Options(device="cpu", out_dir=tmp_path, cache_dir=tmp_path, jobs=1, seed=1)
     first, second = [], []
     for name, events in (("a_0", first), ("b_0", second)):

@@ -27,12 +27,13 @@ class Stop(Exception):
 class Channel:
     """One worker process (kbench.sandbox) for one submission or reference."""
 
-    def __init__(self, ctx: Context, log_name: str, env: dict[str, str]) -> None:
+    def __init__(self, ctx: Context, log_name: str, env: dict[str, str],
+                 cpus: tuple[int, ...] = (), nice: int = 0) -> None:
         limits = ctx.task.limits
         self.ctx = ctx
         self.log = ctx.logs / log_name
         self.box = Sandbox(self.log, env, memory_bytes=int(limits.host_memory_gib * 2**30),
-                           log_bytes=int(limits.log_mib * 2**20))
+                           log_bytes=int(limits.log_mib * 2**20), cpus=cpus, nice=nice)
 
     def __enter__(self) -> Channel:
         return self

@@ -14,7 +14,8 @@ from typing import Any
 
 from kbench.grading import units
 from kbench.grading.context import Say
-from kbench.grading.executor import Job, LocalExecutor, Sink
+from kbench.grading.executor import LocalExecutor
+from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Device, Options, OptionsError
 
 RETRIES = 2  # Ray's own retries of a task whose worker died, before infrastructure_error
@@ -39,7 +40,7 @@ def _grade(unit: dict) -> list[units.Event]:
 
 def _describe(options: dict) -> dict:
     """On a Ray worker: the machine the units run on, as LocalExecutor records it."""
-    executor = LocalExecutor(Options.from_dict(options))
+    executor = LocalExecutor(Options.from_dict(options), pin=False)
     env = executor.environment()
     env["environment_problem"] = executor.environment_problem
     return env

@@ -53,7 +53,7 @@ class Context:
     task: Task
     options: Options
     device: torch.device
-    reference: ModuleType  # the task's reference module, loaded from its file
+    reference: ModuleType | None  # the task's reference module (None: for building only)
     toolchain: Toolchain
     cases: list[Case]
     logs: Path
@@ -78,6 +78,16 @@ class Context:
             logs=options.out_dir / "logs",
             reference_file=Submission("reference", task.reference_path), say=say,
             model_seed=seed, notes=list(task.notes))
+
+    @classmethod
+    def for_building(cls, task: Task, options: Options, toolchain: Toolchain) -> Context:
+        """What a build needs (limits, logs, toolchain, device): no reference module and no
+        cases, so a build thread never touches the module a grader binds sizes into."""
+        return cls(task=task, options=options, device=torch.device(options.device.value),
+                   reference=None, toolchain=toolchain, cases=[],
+                   logs=options.out_dir / "logs",
+                   reference_file=Submission("reference", task.reference_path),
+                   say=lambda line: None, model_seed=0)
 
     @property
     def benchmarks(self) -> tuple[Params, ...]:

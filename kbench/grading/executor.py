@@ -1,21 +1,21 @@
-"""Where jobs run. A job (task, problem, submission and its hash, options) is a plain value
-that can travel; an executor runs a list of them and hands back, through a Sink, each
-problem's screening and reference table and each result the moment it is known.
-LocalExecutor runs them on this machine's device; executors for several GPUs or a cluster
-implement the same two methods."""
+"""This machine's device as an executor (kbench.grading.jobs): problem by problem, each
+screened and its reference timed while the host's build pipeline (kbench.grading.pipeline)
+builds, its submissions graded one at a time as their builds come out."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Protocol
+import contextlib
+import os
+from collections.abc import Callable, Iterator
 
-from kbench import doctor, environment
+from kbench import doctor, environment, sandbox
 from kbench.cases import CaseError
-from kbench.discovery import Submission
-from kbench.grading import building
+from kbench.grading import building, hostsplit
+from kbench.grading.building import Built
 from kbench.grading.context import Context, Say
-from kbench.grading.options import Options
+from kbench.grading.jobs import Job, Sink
+from kbench.grading.options import Device, Options
+from kbench.grading.pipeline import Pipeline
 from kbench.grading.reference_pool import ReferencePool
 from kbench.grading.screen import ProblemError, screen
 from kbench.grading.slot import Slot
@@ -28,58 +28,21 @@ from kbench.toolchain import find_toolchain
 from kbench.verdict import Status
 
 
-@dataclass(frozen=True)
-class Job:
-    task: str  # the task file's path
-    problem: str  # the task's name in reports (l2norm, level1/19_ReLU)
-    name: str  # the submission's name in reports
-    path: str  # its file
-    sha256: str  # of its bytes when the job was made
-    options: dict  # Options.to_dict()
-
-    @classmethod
-    def make(cls, task: Path, problem: str, sub: Submission, options: Options) -> Job:
-        return cls(task=str(task), problem=problem, name=sub.name, path=str(sub.path),
-                   sha256=sub.sha256, options=options.to_dict())
-
-    def submission(self) -> Submission:
-        """The file, under the hash the job was made with: what its result is stored and
-        reused under, even if the file changes while the run goes on."""
-        sub = Submission(self.name, Path(self.path))
-        sub.__dict__["sha256"] = self.sha256  # the cached_property's value, set
-        return sub
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Job:
-        return cls(**data)
-
-
-class Sink(Protocol):
-    def problem(self, problem: ProblemRun) -> None: ...
-
-    def result(self, result: SubmissionResult) -> None: ...
-
-
-class Executor(Protocol):
-    def watch_store(self, presence: Presence) -> None:
-        """The store's folder, shared with the process that writes it."""
-
-    def environment(self) -> dict:
-        """The machine the jobs run on, with ``problems`` (kbench.doctor) in it."""
-
-    def run(self, jobs: list[Job], sink: Sink) -> None:
-        """Grade every job; each result goes to ``sink`` as soon as it is known."""
+Builds = Callable[[list[Job]], dict[str, Built | None]]  # a problem's builds, by path
 
 
 class LocalExecutor:
-    """This process's device: problem by problem, each screened, its submissions built in
-    parallel, then evaluated one at a time against one reference pool."""
+    """This process's device: problem by problem, each screened, its submissions evaluated
+    one at a time against one reference pool as their builds come out."""
 
-    def __init__(self, options: Options, say: Say = lambda line: None) -> None:
+    def __init__(self, options: Options, say: Say = lambda line: None, pin: bool = True
+                 ) -> None:
+        """``pin``: this process owns the host (kbench grade on one device), so timing and
+        builds get cores of their own (kbench.grading.hostsplit); not in a slot process or a
+        Ray task."""
         self.options, self.say = options, say
+        self.split = hostsplit.plan(1, options.device, options.jobs) if pin else \
+            hostsplit.unsplit(1, options.jobs)
         self.toolchain = find_toolchain(options.cuda_arch, options.cache_dir / "toolkits")
         self.watcher = Watcher(options)
         self.environment_problem: str | None = None
@@ -107,22 +70,53 @@ class LocalExecutor:
         self.environment_problem = doctor.blocking(found)
         for line in env["problems"]:
             self.say(f"environment problem: {line}")
+        env["host_split"] = self.split.to_dict()
         return env
 
-    def run(self, jobs: list[Job], sink: Sink) -> None:
+    def run(self, jobs: list[Job], sink: Sink, built: dict[str, Built] | None = None,
+            defer: Callable[[Job], None] | None = None) -> None:
+        """Grade ``jobs``. ``built``: what the driver's pipeline built for them (a slot's
+        unit, kbench.grading.slots), and ``defer`` where a job goes whose grading saw kbench's
+        files change beside those builds (the driver grades it again at the end); without
+        them, a pipeline here builds the jobs while the first problems are graded."""
         self.watcher.for_run([job.task for job in jobs], [job.path for job in jobs])
-        groups: dict[tuple[str, str], list[Job]] = {}
-        for job in jobs:
-            groups.setdefault((job.task, job.problem), []).append(job)
-        for (task_path, name), group in groups.items():
-            ctx = self._problem(task_path, name, group, sink)
-            if ctx is not None:
-                self._grade(ctx, [job.submission() for job in group], sink)
+        if built is not None:
+            self._problems(jobs, sink, lambda group: {j.path: built.get(j.path) for j in group},
+                           defer)
+        else:
+            self._with_pipeline(jobs, sink)
         if self.watcher.unwatched and self.note_unwatched:
             self.say(f"note: other kbench processes used {self.options.out_dir} or the build "
                      f"cache in {self.watcher.unwatched} of this run's watch windows; writes "
                      "there by the submissions then running could not be told from theirs "
                      "and went unchecked")
+
+    def _with_pipeline(self, jobs: list[Job], sink: Sink) -> None:
+        """Builds here, on the cores the host split gives them, while this process (on the
+        timing cores) grades; what could not be pinned on one submission, at the end."""
+        ordered = [job for group in _groups(jobs).values() for job in group]
+        deferred: list[Job] = []
+        with Pipeline(self.options, self.toolchain, self.environment_problem, self.split,
+                      self.say) as pipeline, _pinned(self.split.timing[0]):
+            pipeline.start(ordered)
+            if self.options.device is Device.CPU and self.options.timed:
+                pipeline.finish()  # CPU timing needs every core: everything builds first
+            self._problems(ordered, sink, pipeline.wait, deferred.append)
+            pipeline.finish()
+            again = pipeline.suspects() + deferred
+            if again:
+                self.say(f"grading {len(again)} submission(s) again, alone, now that the "
+                         "builds are done")
+                builds = {**pipeline.built(), **pipeline.settle()}
+                self._problems(again, sink, lambda group: {j.path: builds.get(j.path)
+                                                           for j in group}, None)
+
+    def _problems(self, jobs: list[Job], sink: Sink, builds: Builds,
+                  defer: Callable[[Job], None] | None) -> None:
+        for (task_path, name), group in _groups(jobs).items():
+            ctx = self._problem(task_path, name, group, sink)
+            if ctx is not None:
+                self._grade(ctx, group, builds, sink, defer)
 
     def _problem(self, task_path: str, name: str, jobs: list[Job], sink: Sink
                  ) -> Context | None:
@@ -156,23 +150,41 @@ class LocalExecutor:
                 reason=f"not graded: the problem {name} cannot be graded ({error})",
                 problem=name))
 
-    def _grade(self, ctx: Context, submissions: list[Submission], sink: Sink) -> None:
+    def _grade(self, ctx: Context, jobs: list[Job], builds: Builds, sink: Sink,
+               defer: Callable[[Job], None] | None) -> None:
         self.watcher.for_task(ctx)
-        self.say(f"{ctx.task.name}: building {len(submissions)} submission(s), "
-                 f"{max(1, min(self.options.jobs, len(submissions)))} at a time")
-        built = building.build_all(ctx, self.watcher, submissions, self.environment_problem)
         with ReferencePool(ctx, self.copy_gbps) as pool:
             reference, start, compiled = self._reference_at_start(pool, sink)
+            built = self._built(ctx, jobs, builds(jobs))
             slot, timed = Slot(ctx, self.watcher, pool), False
-            for sub in submissions:
-                result = slot.evaluate(sub, built[sub], reference)
-                sink.result(result)
-                timed = timed or any(b.candidate for b in result.benchmarks)
+            jobs = [job for job in jobs if job.path in built]  # the rest: graded at the end
+            try:
+                for k, job in enumerate(jobs):
+                    upcoming = next((j.submission() for j in jobs[k + 1:k + 2]
+                                     if built[j.path].verdict is None), None)
+                    result = slot.evaluate(job.submission(), built[job.path], reference,
+                                           upcoming, can_defer=defer is not None)
+                    if result is None:
+                        defer(job)
+                        continue
+                    sink.result(result)
+                    timed = timed or any(b.candidate for b in result.benchmarks)
+            finally:
+                sandbox.drop_spares()
             if timed:  # the reference once more: did the machine drift meanwhile?
                 self.say(f"{ctx.task.name}: timing the reference again (drift check)")
                 table, notes = pool.table(start, pool.time_all(start), compiled)
                 sink.problem(self._problem_run(ctx, table, pool, notes))
             self.copy_gbps = self.copy_gbps or pool.copy_gbps
+
+    def _built(self, ctx: Context, jobs: list[Job], built: dict[str, Built | None]
+               ) -> dict[str, Built]:
+        """The pipeline's builds; one it did not make (its problem did not load there) is
+        made here."""
+        return {path: b if b is not None else building.build(
+                    ctx, next(j for j in jobs if j.path == path).submission(),
+                    self.environment_problem, self.split.cores_per_build())
+                for path, b in built.items()}
 
     def _problem_run(self, ctx: Context, table: list[Benchmark], pool: ReferencePool,
                      notes: list[str]) -> ProblemRun:
@@ -200,3 +212,25 @@ class LocalExecutor:
         reference, notes = pool.table(start, None, compiled)
         sink.problem(self._problem_run(ctx, reference, pool, notes))
         return reference, start, compiled
+
+
+def _groups(jobs: list[Job]) -> dict[tuple[str, str], list[Job]]:
+    """The jobs by problem, in the order problems first appear."""
+    groups: dict[tuple[str, str], list[Job]] = {}
+    for job in jobs:
+        groups.setdefault((job.task, job.problem), []).append(job)
+    return groups
+
+
+@contextlib.contextmanager
+def _pinned(cores: tuple[int, ...]) -> Iterator[None]:
+    """This process (and every worker it starts) on ``cores`` meanwhile; () leaves it be."""
+    if not cores:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)

@@ -50,7 +50,7 @@ class Options:
     device: Device
     out_dir: Path
     cache_dir: Path
-    jobs: int
+    jobs: int | None  # builds at a time (--build-jobs; None: one per build core)
     seed: int
     case_indices: list[int] | None = None  # only these cases, and no timing
     cuda_arch: str | None = None
@@ -75,8 +75,8 @@ class Options:
             raise OptionsError(f"--profile {self.profile}: expected full or quick") from None
         object.__setattr__(self, "out_dir", Path(self.out_dir))
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))
-        if self.jobs < 1:
-            raise OptionsError(f"--jobs {self.jobs}: expected at least 1")
+        if self.jobs is not None and self.jobs < 1:
+            raise OptionsError(f"--build-jobs {self.jobs}: expected at least 1")
         if self.cores is not None and self.cores < 1:
             raise OptionsError(f"cores {self.cores}: expected at least 1")
         if self.timing is TimingMode.GRAPH and self.device is not Device.CUDA:

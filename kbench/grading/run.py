@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kbench import __version__, environment
 from kbench.discovery import Submission
-from kbench.grading.executor import Executor, Job
+from kbench.grading.jobs import Executor, Job
 from kbench.grading.options import Options
 from kbench.results import ProblemRun, SubmissionResult
 from kbench.sandbox import remove_stale_logs

@@ -8,7 +8,7 @@ import math
 import time
 import traceback
 
-from kbench import backends, scan
+from kbench import backends, sandbox, scan
 from kbench.discovery import Submission
 from kbench.grading import building, correctness, custom_kernels, rounds, weights
 from kbench.grading.building import Built
@@ -26,9 +26,15 @@ class Slot:
         self.ctx = ctx
         self.watcher = watcher
         self.pool = pool
+        self.upcoming: Submission | None = None
 
-    def evaluate(self, sub: Submission, built: Built,
-                 reference: list[Benchmark]) -> SubmissionResult:
+    def evaluate(self, sub: Submission, built: Built, reference: list[Benchmark],
+                 upcoming: Submission | None = None, can_defer: bool = False
+                 ) -> SubmissionResult | None:
+        """The submission's result; None where it saw kbench's files changed while a build
+        pipeline ran beside it and ``can_defer`` (the change is not pinned on it: it is graded
+        again once the builds are done). ``upcoming``: the next submission this slot grades,
+        whose worker starts ahead (kbench.sandbox.prestart) once this one's timing is over."""
         ctx = self.ctx
         source = sub.path.read_text(errors="replace")
         result = SubmissionResult(
@@ -36,10 +42,17 @@ class Slot:
             status=Status.OK, cases_total=len(ctx.cases), flags=scan.flags(source),
             build_s=round(built.seconds, 2), logs=[str(ctx.logs / f"{sub.log_name}.build.log")],
             problem=ctx.task.name, backend=backends.for_source(source).name)
+        self.upcoming = upcoming
+        if not ctx.options.timed:
+            self._prestart()
         verdict = built.verdict
         changed = self.watcher.watch([sub.path], [ctx.logs, building.folder(ctx, sub)])
         if verdict is None:
             verdict = backends.for_source(source).cannot_run(ctx.device.type, ctx.toolchain)
+        if verdict is None:
+            warmed = building.warm(ctx, sub)
+            result.build_s = round(built.seconds + warmed.seconds, 2)
+            verdict = warmed.verdict
         if verdict is None:
             result.logs.append(str(ctx.logs / f"{sub.log_name}.run.log"))
             try:
@@ -50,10 +63,21 @@ class Slot:
             except Exception as exc:  # a kbench bug must not end the run or blame the submission
                 traceback.print_exc()
                 verdict = Verdict(Status.INTERNAL_ERROR, f"kbench failed: {exc!r}")
-        if lines := changed():
-            verdict = tampered("while graded", lines)
+        self._prestart()
+        finding = changed()
+        if finding.lines and finding.builds_beside and can_defer:
+            return None
+        if finding.lines:
+            verdict = tampered("while graded", finding.lines)
         result.status, result.reason = verdict.status, verdict.reason
         return result
+
+    def _prestart(self) -> None:
+        """The upcoming submission's worker started now, if it is not yet."""
+        if self.upcoming is not None:
+            sub, self.upcoming = self.upcoming, None
+            sandbox.prestart(self.ctx.logs / f"{sub.log_name}.run.log",
+                             building.env(self.ctx, sub), self.ctx.device.type)
 
     def _run(self, sub: Submission, result: SubmissionResult,
              reference: list[Benchmark]) -> None:
@@ -75,7 +99,11 @@ class Slot:
                 rounds.time_submission(ctx, channel, result, reference, self.pool,
                                        lambda r: self._round_channel(sub, r, result))
                 lap("timing")
-            if ctx.device.type == "cuda":  # last: the profiler stays loaded in the process
+                self._prestart()
+            # What ran is profiled where the report shows it (a timed run) or a policy needs
+            # it; last: the profiler stays loaded in the process.
+            if ctx.device.type == "cuda" and (ctx.options.timed or
+                                              ctx.options.require_custom_kernels):
                 custom_kernels.measure(ctx, channel, result, _profiled_sizes(ctx, reference))
                 lap("kernels")
 

@@ -15,13 +15,15 @@ import queue
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psutil
 
-from kbench.grading import units
+from kbench.grading import hostsplit, units
 from kbench.grading.context import Say
-from kbench.grading.executor import Job, LocalExecutor, Sink
+from kbench.grading.executor import LocalExecutor
+from kbench.grading.jobs import Job, Sink
+from kbench.grading.pipeline import Pipeline
 from kbench.grading.options import Device, Options, OptionsError
 
 _RETRIES = 1  # a unit whose slot died is given to a slot once more, then infrastructure_error
@@ -55,12 +57,13 @@ def specs(device: Device, gpus: list[str] | None, cpu_slots: int) -> list[SlotSp
 
 
 class SlotsExecutor:
-    """Several slots on this host, fed from one queue of units."""
+    """Several slots on this host, fed units as the host's build pipeline finishes them."""
 
     def __init__(self, options: Options, slots: list[SlotSpec], say: Say = lambda line: None
                  ) -> None:
         self.options, self.slots, self.say = options, slots, say
         self.local = LocalExecutor(options, say)  # the machine's description and checks
+        self.split = hostsplit.plan(len(slots), options.device, options.jobs)
 
     def watch_store(self, presence: object) -> None:
         """The store's presence is held by this process; the slots hold their own."""
@@ -68,49 +71,64 @@ class SlotsExecutor:
     def environment(self) -> dict:
         env = self.local.environment()
         env["slots"] = [s.name for s in self.slots]
+        env["host_split"] = self.split.to_dict()
         return env
 
     def run(self, jobs: list[Job], sink: Sink) -> None:
-        cores = max(1, (psutil.cpu_count() or 1) // len(self.slots))
-        work: queue.Queue[tuple[units.Unit, int]] = queue.Queue()
-        for unit in units.split(jobs, len(self.slots), self.local.environment_problem, cores):
-            work.put((unit, 0))
-        self.say(f"grading on {len(self.slots)} slot(s): {', '.join(s.name for s in self.slots)}"
-                 f"; {work.qsize()} unit(s), builds with {cores} core(s) per slot")
+        env_problem, cores = self.local.environment_problem, self.split.cores_per_build()
+        plan = units.split(jobs, len(self.slots), env_problem, cores)
+        deliver = units.Delivery(sink, self.say)
+        with Pipeline(self.options, self.local.toolchain, env_problem, self.split,
+                      self.say) as pipeline:
+            pipeline.start([job for unit in plan for job in unit.jobs])
+            self.say(f"grading on {len(self.slots)} slot(s): "
+                     f"{', '.join(s.name for s in self.slots)}; {len(plan)} unit(s), each "
+                     "handed out once its builds are done")
+            self._serve_all(_Dispatch(plan, pipeline), deliver, self.slots)
+            pipeline.finish()
+            again = pipeline.suspects() + deliver.deferred
+            if again:
+                self.say(f"grading {len(again)} submission(s) again, on one slot alone, now "
+                         "that the builds are done")
+                builds = {**pipeline.built(), **pipeline.settle()}
+                final = replace(plan[0], jobs=again, number=len(plan), final=True, built={
+                    j.path: builds[j.path] for j in again if builds.get(j.path)})
+                self._serve_all(_Dispatch([final], None), deliver, self.slots[:1])
+        self.say("note: the slots shared the output folder and the build cache, so writes "
+                 "there could not be told from a submission's and went unchecked (kbench's "
+                 "code, the problems and each submission's own file stayed watched)")
+
+    def _serve_all(self, work: _Dispatch, deliver: units.Delivery, slots: list[SlotSpec]
+                   ) -> None:
         outbox: queue.Queue[tuple[str, int, units.Event | None]] = queue.Queue()
-        for slot in self.slots:
-            threading.Thread(target=self._serve, args=(slot, work, outbox), daemon=True).start()
-        running, deliver = len(self.slots), units.Delivery(sink, self.say)
+        for k, slot in enumerate(slots):
+            threading.Thread(target=self._serve, args=(slot, self.split.timing[k], work, outbox),
+                             daemon=True).start()
+        running = len(slots)
         while running:  # this thread alone passes events on: the store has one writer
             where, number, event = outbox.get()
             if event is None:
                 running -= 1
             else:
                 deliver(event, where, number)
-        while not work.empty():  # every slot's process failed to start: no verdict is guessed
-            unit, _ = work.get()
+        for unit, _ in work.left():  # every slot's process failed to start: nothing guessed
             for result in units.lost(unit.jobs, "no slot was left to grade it"):
                 deliver({"result": result.to_dict()}, "driver", unit.number)
-        self.say("note: the slots shared the output folder and the build cache, so writes "
-                 "there could not be told from a submission's and went unchecked (kbench's "
-                 "code, the problems and each submission's own file stayed watched)")
 
-    def _serve(self, slot: SlotSpec, work: queue.Queue, outbox: queue.Queue) -> None:
-        """One slot: units from the queue until it is empty, through one process kept for
-        as long as it lives; its events into ``outbox``, then None."""
+    def _serve(self, slot: SlotSpec, cpus: tuple[int, ...], work: _Dispatch,
+               outbox: queue.Queue) -> None:
+        """One slot: units as they are ready until none is left, through one process kept
+        for as long as it lives (on ``cpus``); its events into ``outbox``, then None."""
         process: subprocess.Popen | None = None
         try:
-            while True:
-                try:
-                    unit, tries = work.get_nowait()
-                except queue.Empty:
-                    break
+            while (taken := work.get()) is not None:
+                unit, tries = taken
                 if process is None or process.poll() is not None:
                     try:
-                        process = _start(slot)
+                        process = _start(slot, cpus)
                     except OSError as exc:  # this slot cannot run: its unit goes back
                         outbox.put((slot.name, unit.number, {"say": f"cannot start: {exc}"}))
-                        work.put((unit, tries))
+                        work.put(unit, tries)
                         process = None
                         break
                 left = self._unit(process, unit, outbox, slot)
@@ -121,7 +139,7 @@ class SlotsExecutor:
                 if tries < _RETRIES:
                     outbox.put((slot.name, unit.number, {
                         "say": f"lost {len(left)} job(s): {why}; queued again"}))
-                    work.put((unit.rest(left), tries + 1))
+                    work.put(unit.rest(left), tries + 1)
                 else:
                     for result in units.lost(left, why):
                         outbox.put((slot.name, unit.number, {"result": result.to_dict()}))
@@ -146,18 +164,68 @@ class SlotsExecutor:
                     break
                 if "result" in event:
                     left.pop(event["result"]["name"], None)
+                elif "defer" in event:
+                    left.pop(event["defer"]["name"], None)
                 outbox.put((slot.name, unit.number, event))
         except Exception:  # the process went, or its stream broke: its unfinished jobs are left
             pass
         return list(left.values())
 
 
-def _start(slot: SlotSpec) -> subprocess.Popen:
+class _Dispatch:
+    """The units of a run, each handed to a slot once the pipeline has every build of it out
+    (suspects left out: graded at the end), in the order they were planned."""
+
+    def __init__(self, plan: list[units.Unit], pipeline: Pipeline | None) -> None:
+        self.pipeline = pipeline
+        self.cond = pipeline.cond if pipeline is not None else threading.Condition()
+        self.queue: list[tuple[units.Unit, int]] = [(unit, 0) for unit in plan]
+
+    def get(self) -> tuple[units.Unit, int] | None:
+        """The first unit ready, waiting for one; None once none is left."""
+        with self.cond:
+            while self.queue:
+                for k, (unit, tries) in enumerate(self.queue):
+                    if unit.built is None and not self.pipeline.ready(unit.jobs):
+                        continue
+                    del self.queue[k]
+                    if unit.built is None:
+                        unit = self._built(unit)
+                    if unit.jobs:
+                        return unit, tries
+                    break
+                else:
+                    self.cond.wait()
+            return None
+
+    def _built(self, unit: units.Unit) -> units.Unit:
+        built = self.pipeline.built()
+        jobs = [job for job in unit.jobs if job.path in built]
+        return replace(unit, jobs=jobs,
+                       built={j.path: built[j.path] for j in jobs if built[j.path] is not None})
+
+    def put(self, unit: units.Unit, tries: int) -> None:
+        with self.cond:
+            self.queue.append((unit, tries))
+            self.cond.notify_all()
+
+    def left(self) -> list[tuple[units.Unit, int]]:
+        with self.cond:
+            left, self.queue = self.queue, []
+            return left
+
+
+def _start(slot: SlotSpec, cpus: tuple[int, ...]) -> subprocess.Popen:
     env = dict(os.environ)
     if slot.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = slot.gpu
-    return subprocess.Popen([sys.executable, "-m", "kbench.grading.slots"], env=env, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=1)
+    process = subprocess.Popen([sys.executable, "-m", "kbench.grading.slots"], env=env,
+                               text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               bufsize=1)
+    if cpus:  # the slot's grading processes, every worker it starts included
+        with contextlib.suppress(psutil.Error, OSError):
+            psutil.Process(process.pid).cpu_affinity(list(cpus))
+    return process
 
 
 def main() -> None:

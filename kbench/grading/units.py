@@ -9,12 +9,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from kbench.grading.executor import Job, LocalExecutor, Sink
+from kbench.grading.building import Built
+from kbench.grading.executor import LocalExecutor
+from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Options
 from kbench.results import ProblemRun, SubmissionResult
 from kbench.verdict import Status
 
-Event = dict  # {"problem": ProblemRun dict} | {"result": SubmissionResult dict} | {"say": str}
+# {"problem": ProblemRun dict} | {"result": SubmissionResult dict} | {"say": str}
+# | {"defer": Job dict}: graded again at the end (kbench.grading.pipeline says why)
+Event = dict
 Emit = Callable[[Event], None]
 
 
@@ -30,17 +34,26 @@ class Unit:
     # The whole run's problem and submission files: watched here too (Watcher.for_run).
     run_tasks: tuple[str, ...] = ()
     run_files: tuple[str, ...] = ()
+    # Its jobs' builds, by path, where the driver's pipeline made them (kbench.grading.slots);
+    # None: the slot builds them itself (a Ray task).
+    built: dict[str, Built] | None = None
+    final: bool = False  # graded after every build: nothing is deferred again
 
     def to_dict(self) -> dict:
+        built = None if self.built is None else {p: b.to_dict() for p, b in self.built.items()}
         return {"jobs": [j.to_dict() for j in self.jobs], "number": self.number,
                 "environment_problem": self.environment_problem, "cores": self.cores,
-                "run_tasks": list(self.run_tasks), "run_files": list(self.run_files)}
+                "run_tasks": list(self.run_tasks), "run_files": list(self.run_files),
+                "built": built, "final": self.final}
 
     @classmethod
     def from_dict(cls, data: dict) -> Unit:
+        built = data.get("built")
         return cls([Job.from_dict(j) for j in data["jobs"]], data["environment_problem"],
                    data["cores"], data["number"], tuple(data["run_tasks"]),
-                   tuple(data["run_files"]))
+                   tuple(data["run_files"]),
+                   None if built is None else {p: Built.from_dict(b) for p, b in built.items()},
+                   data.get("final", False))
 
     def rest(self, jobs: list[Job]) -> Unit:
         """The same unit with only ``jobs`` left, to grade again."""
@@ -95,7 +108,7 @@ def run(unit: Unit, emit: Emit) -> None:
     options = unit.options()
     key = repr(options)
     if key not in _executors:
-        executor = LocalExecutor(options)
+        executor = LocalExecutor(options, pin=False)
         executor.note_unwatched = False  # the driver says it once for all slots
         executor.watch_out_dir()
         _executors[key] = executor
@@ -103,7 +116,8 @@ def run(unit: Unit, emit: Emit) -> None:
     executor.say = lambda line: emit({"say": line})  # this unit's emit (a Ray task has its own)
     executor.environment_problem = unit.environment_problem
     executor.watcher.for_run(unit.run_tasks, unit.run_files)
-    executor.run(unit.jobs, EventSink(emit))
+    executor.run(unit.jobs, EventSink(emit), unit.built,
+                 None if unit.final else lambda job: emit({"defer": job.to_dict()}))
 
 
 class Delivery:
@@ -117,9 +131,12 @@ class Delivery:
         self.records: dict[str, tuple[int, ProblemRun]] = {}  # name: (its unit, record)
         self.notes: dict[str, list[str]] = {}
         self.units: dict[str, set[int]] = {}
+        self.deferred: list[Job] = []  # to grade again once the builds are done
 
     def __call__(self, event: Event, where: str, unit: int) -> None:
-        if "result" in event:
+        if "defer" in event:
+            self.deferred.append(Job.from_dict(event["defer"]))
+        elif "result" in event:
             self.sink.result(SubmissionResult.from_dict(event["result"]))
         elif "problem" in event:
             self._problem(ProblemRun.from_dict(event["problem"]), unit)

@@ -4,12 +4,14 @@ is put right and its verdict becomes flagged."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from kbench import paths
 from kbench.grading.context import Context
 from kbench.grading.options import Options
-from kbench.guard import Guard, Presence, Seen
+from kbench.guard import BuildMark, Guard, Presence, Seen
+from kbench.store import FILENAME, OPENING_LOCK
 from kbench.task import TaskError
 from kbench.task_yaml import read_yaml
 from kbench.verdict import Status, Verdict
@@ -18,6 +20,15 @@ from kbench.verdict import Status, Verdict
 def tampered(when: str, lines: list[str]) -> Verdict:
     return Verdict(Status.FLAGGED, f"{when}, wrote to files kbench owns (put right since): "
                    + "; ".join(lines)[:1000])
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a window found changed (put right since). ``builds_beside``: a build pipeline ran
+    other submissions' code meanwhile, so the change cannot be pinned on this window's own."""
+
+    lines: list[str]
+    builds_beside: bool = False
 
 
 class Watcher:
@@ -35,6 +46,8 @@ class Watcher:
         self.run_files: dict[Path, None] = {}  # the run's problems and submissions (for_run)
         self.task_files: tuple[Path, ...] = ()  # the problem being graded (for_task)
         self.known: dict[Path, Seen] = {}  # the last snapshots: kept bytes read once
+        self.builds = BuildMark(options.cache_dir)
+        self.store_files = (options.out_dir / FILENAME, options.out_dir / OPENING_LOCK)
         self.unwatched = 0  # windows whose writes to the shared folders went unchecked
 
     def add_presence(self, presence: Presence) -> None:
@@ -54,24 +67,31 @@ class Watcher:
         """Watch the task being graded always: its file and its reference."""
         self.task_files = tuple(dict.fromkeys((ctx.task.path.resolve(), ctx.task.reference_path)))
 
-    def watch(self, files: list[Path], ignore: list[Path]) -> Callable[[], list[str]]:
+    def watch(self, files: list[Path], ignore: list[Path], builds: bool = False
+              ) -> Callable[[], Finding]:
         """Start watching kbench's files, the task's and ``files``, while submissions' code
         runs; call the result once it has ended: what they changed, put right since. The
         output folder, the build cache and the run's other files count only if no other
         kbench process used them at the start or at the end (their writes there cannot be
-        told from a submission's)."""
+        told from a submission's), and the cache only while no build pipeline is at work.
+        ``builds``: the pipeline's own window, which never compares the store its run writes
+        meanwhile (nor, as ``ignore`` says, the build folders its builds fill)."""
         own = self.task_files + tuple(Path(f).resolve() for f in files)
         others = tuple(f for f in self.run_files if f not in own)
         guard = Guard(self.guard.restorable + own + others, self.guard.cache,
                       self.guard.shared + others)
-        alone = all(p.alone() for p in self.presences)
+        if builds:
+            ignore = [*ignore, *self.store_files]
+        beside = not builds and self.builds.busy()
+        alone = not beside and all(p.alone() for p in self.presences)
         before = guard.snapshot(ignore, alone, self.known)
         self.known.update(before)
 
-        def changed() -> list[str]:
-            shared = alone and all(p.alone() for p in self.presences)
+        def changed() -> Finding:
+            later = beside or (not builds and self.builds.busy())
+            shared = alone and not later and all(p.alone() for p in self.presences)
             self.unwatched += not shared
-            return guard.repair(before, ignore, shared)
+            return Finding(guard.repair(before, ignore, shared), later)
         return changed
 
 

@@ -1,6 +1,6 @@
 """The child process's main loop: import one module, then answer the trusted side's requests.
 
-Started as ``python -m kbench.worker CHANNEL_FD PARENT_PID``. Requests arrive over the private
+Started as ``python -m kbench.worker CHANNEL_FD PARENT_PID [DEVICE]``. Requests arrive over the private
 channel (a socket inherited as a file descriptor; stdout and stderr are only a log) as the
 typed messages of kbench.protocol, which lists them with the answer each expects. Crashes and
 hangs are for the parent to notice.
@@ -19,6 +19,7 @@ This side imports kbench.protocol, pure helpers and torch: nothing of the truste
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import multiprocessing
@@ -327,8 +328,14 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """``CHANNEL_FD PARENT_PID [DEVICE]``: with DEVICE cuda (a spare started ahead of need,
+    kbench.sandbox.prestart), the CUDA context is made before the first request."""
     _die_with_parent(int(argv[1]))
     conn = Connection(int(argv[0]))
+    if argv[2:] == ["cuda"] and torch.cuda.is_available():
+        with contextlib.suppress(Exception):  # the load that follows reports a broken device
+            torch.empty(1, device="cuda")
+            torch.cuda.empty_cache()
     # Tensors travel as shared memory; the descriptor handover authenticates with this key.
     multiprocessing.current_process().authkey = conn.recv_bytes(64)
     worker = Worker()

@@ -1,0 +1,208 @@
+"""The host's build pipeline: every submission of a run that must be built goes to one pool of
+build processes that uses the cores the host split gives builds (kbench.grading.hostsplit), in
+the order the graders will take them, and each build is handed out as soon as it is known to
+be clean. Graders start on the first problems while the rest build, so no GPU waits for a
+build after the first ones and no build core idles while builds are left.
+
+A build runs the submission's module-level code, which may write kbench's files. The pool
+keeps one watch window open over kbench's code and the run's problems and submissions
+(kbench.grading.watch, ``builds=True``) and checks it as each build ends: a build is handed
+out only after a check that found nothing changed since it started. A change cannot be pinned
+on one of the builds then running, so they all become suspects: they are built again one at
+a time, each watched alone, once the pool and the grading are done (``settle``), and the one
+that changes the files again is flagged. While the pool works, grading windows elsewhere that
+see a change cannot pin it on their submission either (kbench.guard.BuildMark): those
+submissions are graded again at the end, too."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import traceback
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from kbench.build import build_dir
+from kbench.grading import building
+from kbench.grading.building import Built
+from kbench.grading.context import Context, Say
+from kbench.grading.jobs import Job
+from kbench.grading.hostsplit import HostSplit
+from kbench.grading.options import Options
+from kbench.grading.watch import Watcher, tampered
+from kbench.guard import BuildMark
+from kbench.task import load_task
+from kbench.toolchain import Toolchain
+
+
+class Pipeline:
+    """Use as a context manager around the run: the pool's mark is held from ``start`` until
+    ``finish`` or the end of the block."""
+
+    def __init__(self, options: Options, toolchain: Toolchain, environment_problem: str | None,
+                 split: HostSplit, say: Say = lambda line: None) -> None:
+        self.options, self.toolchain, self.split, self.say = options, toolchain, split, say
+        self.environment_problem = environment_problem
+        self.watcher = Watcher(options)
+        self.mark = BuildMark(options.cache_dir)
+        self.cond = threading.Condition()
+        self._todo: collections.deque[Job] = collections.deque()
+        self._jobs: dict[str, Job] = {}
+        self._contexts: dict[tuple[str, str], Context | None] = {}
+        self._done: dict[str, Built] = {}  # built, not yet checked clean
+        self._released: dict[str, Built | None] = {}  # handed out (None: not built here)
+        self._suspects: dict[str, Job] = {}
+        self._in_flight: set[str] = set()
+        self._since: set[str] = set()  # in flight at some time since the last clean check
+        self._threads: list[threading.Thread] = []
+        self._window: Callable | None = None
+        self._stopping = False
+        self._loaded = False  # every job queued (start has returned)
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:  # the run is over: no new build starts
+            with self.cond:
+                self._stopping = True
+                self._todo.clear()
+                self.cond.notify_all()
+        else:
+            self.finish()
+        self.mark.release()
+
+    def start(self, jobs: list[Job]) -> None:
+        """Build ``jobs`` in this order, ``split.build_jobs`` at a time. Their problems are
+        loaded here, in this thread, before it returns (the first builds start meanwhile):
+        a problem's module is the grader's to use from then on."""
+        self.watcher.for_run([j.task for j in jobs], [j.path for j in jobs])
+        files = [*self.watcher.run_files]
+        self.mark.hold()
+        folders = [f for f in map(self._folder, jobs) if f is not None]
+        self._window = self.watcher.watch(files, [self.options.out_dir / "logs", *folders],
+                                          builds=True)
+        self._jobs = {j.path: j for j in jobs}
+        count = min(self.split.build_jobs, len(jobs))
+        self.say(f"building {len(jobs)} submission(s), {count} at a time: "
+                 f"{self.split.describe()}")
+        for _ in range(count):
+            thread = threading.Thread(target=self._work, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        for job in jobs:
+            self._load(job)
+            with self.cond:
+                self._todo.append(job)
+                self.cond.notify_all()
+        with self.cond:
+            self._loaded = True
+            self.cond.notify_all()
+
+    def ready(self, jobs: Iterable[Job]) -> bool:
+        """Every one of ``jobs`` handed out or a suspect (call with ``cond`` held)."""
+        return all(j.path in self._released or j.path in self._suspects for j in jobs)
+
+    def wait(self, jobs: list[Job]) -> dict[str, Built | None]:
+        """The builds of ``jobs`` once all are out, by path; suspects are left out (they are
+        built again and graded at the end), and None means not built here (its problem did
+        not load: the grader reports that)."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.ready(jobs))
+            return {j.path: self._released[j.path] for j in jobs if j.path in self._released}
+
+    def finish(self) -> None:
+        """Wait for every build; then the pool's mark is dropped: grading windows from now on
+        see no builds beside them."""
+        for thread in self._threads:
+            thread.join()
+        self.mark.release()
+
+    def built(self) -> dict[str, Built | None]:
+        """Every build handed out so far, by path."""
+        with self.cond:
+            return dict(self._released)
+
+    def suspects(self) -> list[Job]:
+        return list(self._suspects.values())
+
+    def settle(self) -> dict[str, Built]:
+        """The suspects built again one at a time, each watched alone (call after ``finish``,
+        with nothing else running): the one that changes kbench's files is flagged."""
+        settled = {}
+        for job in self.suspects():
+            ctx = self._contexts[(job.task, job.problem)]
+            sub = job.submission()
+            if ctx is None:
+                continue
+            self.watcher.for_task(ctx)
+            changed = self.watcher.watch([sub.path], [ctx.logs, building.folder(ctx, sub)])
+            built = building.build(ctx, sub, self.environment_problem,
+                                   self.split.cores_per_build(), self.split.build, self.split.nice)
+            if lines := changed().lines:
+                built = Built(tampered("while building", lines), built.seconds)
+            settled[job.path] = built
+            self.say(f"{job.problem}: {job.name} built again alone: {building.outcome(built)}")
+        return settled
+
+    def _work(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self._todo or self._loaded or self._stopping)
+                if self._stopping or not self._todo:
+                    return
+                job = self._todo.popleft()
+                self._in_flight.add(job.path)
+                self._since.add(job.path)
+            built = None
+            try:
+                ctx = self._contexts[(job.task, job.problem)]
+                if ctx is not None:
+                    built = building.build(ctx, job.submission(), self.environment_problem,
+                                           self.split.cores_per_build(), self.split.build,
+                                           self.split.nice)
+                    self.say(f"{job.problem}: {job.name} {building.outcome(built)}")
+            except Exception:  # kbench's own bug: the grader builds this one itself
+                traceback.print_exc()
+            finally:  # whatever happens, the job is out: no grader waits for it forever
+                self._finished(job, built)
+
+    def _finished(self, job: Job, built: Built | None) -> None:
+        """Check the window; hand out what it shows clean, or make suspects."""
+        with self.cond:
+            self._in_flight.discard(job.path)
+            if job.path in self._suspects:
+                self.cond.notify_all()
+                return
+            self._done[job.path] = built
+            finding = self._window()
+            if finding.lines:
+                self.say(f"kbench's files changed while {len(self._since)} build(s) ran (put "
+                         "right); each will be built again alone at the end: "
+                         + "; ".join(finding.lines)[:500])
+                for path in self._since:
+                    self._suspects[path] = self._jobs[path]
+                    self._done.pop(path, None)
+            else:
+                for path in [p for p in self._since if p in self._done]:
+                    self._released[path] = self._done.pop(path)
+            self._since = set(self._in_flight)
+            self.cond.notify_all()
+
+    def _folder(self, job: Job) -> Path | None:
+        """The job's build folder, which its build fills (a file gone: no folder)."""
+        try:
+            return build_dir(self.options.cache_dir, Path(job.path), self.toolchain)
+        except OSError:
+            return None
+
+    def _load(self, job: Job) -> None:
+        """The problem's context for building, loaded once (no screening: the grader does
+        that); None where it does not load (the grader loads it again and says why)."""
+        key = (job.task, job.problem)
+        if key not in self._contexts:
+            try:
+                task = load_task(job.task, job.problem)
+                self._contexts[key] = Context.for_building(task, self.options, self.toolchain)
+            except Exception:
+                self._contexts[key] = None

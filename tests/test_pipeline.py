@@ -1,0 +1,229 @@
+"""The host's build pipeline (kbench.grading.pipeline), the host split, the dispatch of units
+to slots as their builds come out, and workers started ahead of need. The builds here are
+stand-ins (each records when it ran) except where a real import is the point."""
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+
+from kbench import sandbox
+from kbench.grading import building, hostsplit, pipeline, units
+from kbench.grading.building import Built
+from kbench.grading.jobs import Job
+from kbench.grading.options import Device, Options
+from kbench.grading.slots import _Dispatch
+from kbench.guard import BuildMark
+from kbench.toolchain import find_toolchain
+from kbench.verdict import Status, Verdict
+
+PROBLEMS = FIXTURES / "problems"
+SUBS = FIXTURES / "problem_subs"
+
+
+def _options(tmp_path: Path, jobs: int) -> Options:
+    return Options(device="cpu", out_dir=tmp_path / "out", cache_dir=tmp_path / "cache",
+                   jobs=jobs, seed=3)
+
+
+def _jobs(options: Options, *names: str) -> list[Job]:
+    """Jobs for fixture submissions named ``problem/file``."""
+    jobs = []
+    for name in names:
+        problem, stem = name.split("/")
+        path = SUBS / problem / f"{stem}.py"
+        jobs.append(Job(task=str(PROBLEMS / f"{problem}.py"), problem=problem, name=name,
+                        path=str(path), sha256="0", options=options.to_dict()))
+    return jobs
+
+
+class _Builds:
+    """Stand-in builds: each records its start and end, takes ``seconds`` (per name), and
+    runs ``act`` (per name) as a submission's module-level code would."""
+
+    def __init__(self, seconds: dict[str, float] | None = None, act: dict | None = None):
+        self.seconds, self.act = seconds or {}, act or {}
+        self.log: list[tuple[str, str, float]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, ctx, sub, environment_problem, cores, cpus=(), nice=0) -> Built:
+        with self.lock:
+            self.log.append(("start", sub.name, time.monotonic()))
+        time.sleep(self.seconds.get(sub.name, 0.05))
+        if sub.name in self.act:
+            self.act[sub.name]()
+        with self.lock:
+            self.log.append(("end", sub.name, time.monotonic()))
+        return Built(None, 0.01)
+
+    def order(self, event: str) -> list[str]:
+        return [name for what, name, _ in self.log if what == event]
+
+
+def _pipeline(options: Options, builds: _Builds, monkeypatch, jobs: int | None = None,
+              lines: list[str] | None = None) -> pipeline.Pipeline:
+    monkeypatch.setattr(building, "build", builds)
+    split = hostsplit.unsplit(1, jobs or options.jobs, [0, 1, 2, 3])
+    say = (lines.append if lines is not None else lambda line: None)
+    return pipeline.Pipeline(options, find_toolchain(None, options.cache_dir / "toolkits"),
+                             None, split, say)
+
+
+def test_builds_start_in_the_order_given_and_come_out_as_each_problem_s_end(tmp_path,
+                                                                          monkeypatch):
+    options = _options(tmp_path, jobs=2)
+    jobs = _jobs(options, "scaled_add/honest", "scaled_add/ignores_alpha",
+                 "linear_relu/honest", "linear_relu/draws_first", "mean_std/honest")
+    builds = _Builds(seconds={"linear_relu/draws_first": 1.0})
+    with _pipeline(options, builds, monkeypatch) as pool:
+        pool.start(jobs)
+        first = pool.wait(jobs[:2])  # scaled_add's builds, without waiting for the slow one
+        assert "linear_relu/draws_first" not in builds.order("end")
+        pool.finish()
+    assert builds.order("start") == [j.name for j in jobs]
+    assert set(first) == {j.path for j in jobs[:2]}
+    assert all(b.verdict is None for b in first.values())
+    assert set(pool.built()) == {j.path for j in jobs} and not pool.suspects()
+    assert not BuildMark(options.cache_dir).busy()
+
+
+def test_every_build_core_is_kept_busy_while_builds_are_left(tmp_path, monkeypatch):
+    # Three at a time: a fourth starts the moment one ends, not when the three all have.
+    options = _options(tmp_path, jobs=3)
+    jobs = _jobs(options, "scaled_add/honest", "scaled_add/ignores_alpha", "linear_relu/honest",
+                 "linear_relu/draws_first")
+    builds = _Builds(seconds={"scaled_add/honest": 0.1, "scaled_add/ignores_alpha": 1.5,
+                              "linear_relu/honest": 1.5})
+    with _pipeline(options, builds, monkeypatch) as pool:
+        pool.start(jobs)
+        pool.finish()
+    times = {(what, name): t for what, name, t in builds.log}
+    assert times[("start", "linear_relu/draws_first")] - times[("end", "scaled_add/honest")] < 0.5
+
+
+def test_the_pipeline_is_busy_for_grading_windows_until_it_finishes(tmp_path, monkeypatch):
+    options = _options(tmp_path, jobs=1)
+    jobs = _jobs(options, "scaled_add/honest")
+    mark = BuildMark(options.cache_dir)
+    with _pipeline(options, _Builds(seconds={"scaled_add/honest": 0.5}), monkeypatch) as pool:
+        pool.start(jobs)
+        assert mark.busy()
+        pool.finish()
+        assert not mark.busy()
+
+
+def test_a_build_that_writes_a_run_file_is_found_alone_and_the_rest_handed_out(tmp_path,
+                                                                              monkeypatch):
+    # A stand-in "submission" whose build rewrites another submission of the run: every
+    # build then in flight is a suspect; built again alone, only the writer changes it again.
+    subs = tmp_path / "subs"
+    for name in ("writer", "victim", "bystander", "later"):
+        (subs / "scaled_add").mkdir(parents=True, exist_ok=True)
+        (subs / "scaled_add" / f"{name}.py").write_text((SUBS / "scaled_add" / "honest.py")
+                                                         .read_text())
+    victim = subs / "scaled_add" / "victim.py"
+    options = _options(tmp_path, jobs=2)
+    jobs = [Job(task=str(PROBLEMS / "scaled_add.py"), problem="scaled_add",
+                name=f"scaled_add/{n}", path=str(subs / "scaled_add" / f"{n}.py"), sha256="0",
+                options=options.to_dict()) for n in ("writer", "bystander", "victim", "later")]
+    text = victim.read_text()
+    builds = _Builds(seconds={"scaled_add/bystander": 0.4},
+                     act={"scaled_add/writer": lambda: victim.write_text("# mine\n")})
+    lines: list[str] = []
+    with _pipeline(options, builds, monkeypatch, lines=lines) as pool:
+        pool.start(jobs)
+        pool.finish()
+        assert victim.read_text() == text  # put right at once
+        suspects = {j.name for j in pool.suspects()}
+        assert suspects == {"scaled_add/writer", "scaled_add/bystander"}
+        assert set(pool.built()) == {j.path for j in jobs if j.name not in suspects}
+        settled = pool.settle()
+    assert victim.read_text() == text
+    verdicts = {Path(p).stem: b.verdict for p, b in settled.items()}
+    assert verdicts["bystander"] is None
+    assert verdicts["writer"].status is Status.FLAGGED and "while building" in \
+        verdicts["writer"].reason
+    assert any("built again alone" in line for line in lines)
+
+
+def test_a_build_that_breaks_kbench_still_comes_out(tmp_path, monkeypatch):
+    options = _options(tmp_path, jobs=1)
+    jobs = _jobs(options, "scaled_add/honest", "mean_std/honest")
+
+    def broken(ctx, sub, *rest, **kw):
+        raise RuntimeError("kbench's own bug")
+    monkeypatch.setattr(building, "build", broken)
+    split = hostsplit.unsplit(1, 1, [0])
+    with pipeline.Pipeline(options, find_toolchain(None, options.cache_dir / "toolkits"), None,
+                           split) as pool:
+        pool.start(jobs)
+        assert pool.wait(jobs) == {j.path: None for j in jobs}  # the grader builds them
+
+
+def test_units_go_to_slots_in_order_as_their_builds_come_out(tmp_path, monkeypatch):
+    options = _options(tmp_path, jobs=2)
+    jobs = _jobs(options, "linear_relu/honest", "linear_relu/draws_first", "scaled_add/honest",
+                 "scaled_add/ignores_alpha")
+    plan = [units.Unit(jobs[:2], None, 1, 0), units.Unit(jobs[2:], None, 1, 1)]
+    builds = _Builds(seconds={"linear_relu/honest": 1.0})
+    with _pipeline(options, builds, monkeypatch) as pool:
+        dispatch = _Dispatch(plan, pool)
+        pool.start(jobs)
+        # The first unit waits on its slow build; the second is handed out first.
+        unit, tries = dispatch.get()
+        assert unit.number == 1 and tries == 0 and set(unit.built) == {j.path for j in jobs[2:]}
+        unit, _ = dispatch.get()
+        assert unit.number == 0 and all(b.verdict is None for b in unit.built.values())
+        assert dispatch.get() is None
+        pool.finish()
+
+
+def test_the_host_split_keeps_cores_for_timing_only_where_builds_keep_half():
+    four = hostsplit.plan(4, Device.CUDA, None, list(range(64)))
+    assert four.timing == ((0, 1), (2, 3), (4, 5), (6, 7)) and four.build == tuple(range(8, 64))
+    assert four.build_jobs == 56 and four.cores_per_build() == 2
+    assert "slot 3: cores 6-7" in four.describe() and "56 at a time on cores 8-63" in \
+        four.describe()
+    assert hostsplit.plan(1, Device.CUDA, 4, list(range(16))).cores_per_build() == 3
+    assert not hostsplit.plan(4, Device.CUDA, None, list(range(12))).split  # too few cores
+    cpu = hostsplit.plan(1, Device.CPU, None, [0, 1])
+    assert not cpu.split and cpu.build == (0, 1) and "host not split" in cpu.describe()
+
+
+def test_a_worker_started_ahead_is_the_one_its_sandbox_uses(tmp_path):
+    log = tmp_path / "logs" / "x.run.log"
+    env = sandbox.child_env({})
+    sandbox.prestart(log, env, "cpu")
+    spare = sandbox._SPARES[log].proc.pid
+    with sandbox.Sandbox(log, env, memory_bytes=8 << 30, log_bytes=1 << 20) as box:
+        assert box.proc.pid == spare
+    sandbox.prestart(log, env, "cpu")
+    other = sandbox._SPARES[log].proc
+    with sandbox.Sandbox(log, {**env, "EXTRA": "1"}, memory_bytes=8 << 30,
+                         log_bytes=1 << 20) as box:  # another environment: not that one
+        assert box.proc.pid != other.pid
+    assert other.wait(timeout=10) is not None  # the unused spare was ended
+    sandbox.prestart(log, env, "cpu")
+    gone = sandbox._SPARES[log].proc
+    sandbox.drop_spares()
+    assert gone.wait(timeout=10) is not None and not sandbox._SPARES
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux CPU affinity")
+def test_a_build_runs_on_the_build_cores_at_low_priority(tmp_path):
+    cores = sorted(os.sched_getaffinity(0))[-1:]
+    log = tmp_path / "b.log"
+    with sandbox.Sandbox(log, sandbox.child_env({}), memory_bytes=8 << 30, log_bytes=1 << 20,
+                         cpus=tuple(cores), nice=7) as box:
+        import psutil
+
+        proc = psutil.Process(box.proc.pid)
+        assert proc.cpu_affinity() == cores and proc.nice() >= 7
+
+
+def test_a_verdict_that_travels_comes_back_the_same():
+    for built in (Built(None, 1.5), Built(Verdict(Status.BUILD_ERROR, "nvcc: x"), 2.0)):
+        assert Built.from_dict(built.to_dict()) == built
