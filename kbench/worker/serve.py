@@ -1,6 +1,6 @@
 """The child process's main loop: import one module, then answer the trusted side's requests.
 
-Started as ``python -m kbench.worker CHANNEL_FD PARENT_PID [DEVICE]``. Requests arrive over the private
+Started as ``python -m kbench.worker CHANNEL_FD PARENT_PID [DEVICE]``. Requests arrive over the
 private channel (a socket inherited as a file descriptor; stdout and stderr are only a log) as the
 typed messages of kbench.protocol, which lists them with the answer each expects. Crashes and
 hangs are for the parent to notice.
