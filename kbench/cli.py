@@ -8,7 +8,6 @@ arguments, a malformed task, no such files, no CUDA device for --device cuda).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING

@@ -122,7 +122,8 @@ class Guard:
         when nothing did."""
         skip = self._skipped(ignore, shared)
         after = self._scan(skip, keep_bytes=False)
-        before = {path: seen for path, seen in before.items() if not _under(path, skip)}
+        skipped = frozenset(skip)
+        before = {path: seen for path, seen in before.items() if not _under(path, skipped)}
         lines = []
         for path in sorted(set(before) | set(after)):
             old, new = before.get(path), after.get(path)
@@ -137,10 +138,10 @@ class Guard:
               known: dict[Path, Seen] | None = None) -> dict[Path, Seen]:
         seen: dict[Path, Seen] = {}
         known = known or {}
+        skipped = frozenset(skip)
         for root, keep in [(r, True) for r in self.restorable] + [(c, False) for c in self.cache]:
-            for path in _files(Path(root).resolve()):
-                if _under(path, skip) or path.name.endswith(_VOLATILE) or \
-                        path.name in (LOCK_NAME, BUILDING_NAME):
+            for path in _files(Path(root).resolve(), skipped):
+                if path.name.endswith(_VOLATILE) or path.name in (LOCK_NAME, BUILDING_NAME):
                     continue
                 try:
                     identity = _identity(path)
@@ -197,17 +198,22 @@ def _holds(path: Path, data: bytes | None) -> bool:
         return False
 
 
-def _under(path: Path, roots: tuple[Path, ...]) -> bool:
-    return any(path == r or r in path.parents for r in roots)
+def _under(path: Path, roots: frozenset[Path]) -> bool:
+    return path in roots or any(parent in roots for parent in path.parents)
 
 
-def _files(root: Path) -> list[Path]:
+def _files(root: Path, skipped: frozenset[Path] = frozenset()) -> list[Path]:
+    """The files under ``root``, not descending into ``skipped`` folders (a run's build
+    folders and logs: thousands of files a scan would otherwise list to throw away)."""
+    if _under(root, skipped):
+        return []
     if root.is_file():
         return [root]
     found = []
     for folder, dirs, names in os.walk(root):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        found += [Path(folder) / n for n in names]
+        here = Path(folder)
+        dirs[:] = [d for d in dirs if d != "__pycache__" and here / d not in skipped]
+        found += [p for p in (here / n for n in names) if p not in skipped]
     return found
 
 

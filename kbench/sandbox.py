@@ -39,11 +39,10 @@ import psutil
 import torch
 import torch.multiprocessing  # noqa: F401  (registers tensor sharing with the pickler)
 
-from kbench import paths, protocol
+from kbench import paths, proctree, protocol
 
 _POLL_S = 0.05
 _LIMITS_S = 0.5  # memory and log checks: a walk of the worker's tree each
-_MARK = "KBENCH_SANDBOX_MARK"
 _PR_SET_CHILD_SUBREAPER = 36
 _ADOPTING = False
 _MAX_MESSAGE = 64 << 20
@@ -181,14 +180,14 @@ class Sandbox:
             self.kill()
             raise SandboxFailure(Fate.CRASHED, f"wrote over {self.log_bytes >> 20} MiB to "
                                                  "stdout/stderr; stopped")
-        rss = sum(_rss(p) for p in self._tree())
+        rss = sum(proctree.rss(p) for p in self._tree())
         if rss > self.memory_bytes:
             self.kill()
             raise SandboxFailure(Fate.OUT_OF_MEMORY, f"resident memory {rss / 2**30:.1f} GiB "
                                  f"above the {self.memory_bytes / 2**30:g} GiB limit")
 
     def _tree(self) -> list[psutil.Process]:
-        pids = _descendants(self.proc.pid)
+        pids = proctree.descendants(self.proc.pid)
         if pids is not None:
             found = []
             for pid in [self.proc.pid, *pids]:
@@ -209,7 +208,7 @@ class Sandbox:
         stopped: dict[int, psutil.Process] = {}
         try:
             for _ in range(5):
-                new = [p for p in self._tree() + _marked(self.mark) if p.pid not in stopped]
+                new = [p for p in self._tree() + proctree.marked(self.mark) if p.pid not in stopped]
                 if not new:
                     break
                 for proc in new:
@@ -281,7 +280,7 @@ class _Started:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kbench.worker", str(child_end.fileno()), str(os.getpid()),
-                 device], cwd=self.scratch, env={**env, _MARK: self.mark},
+                 device], cwd=self.scratch, env={**env, proctree.MARK: self.mark},
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(child_end.fileno(),), start_new_session=True)
         child_end.close()
@@ -370,7 +369,7 @@ def _sweep(mark: str, worker: int, descendants: bool) -> list[str]:
     environment on exec is not found."""
     swept: list[str] = []
     for _ in range(5):
-        found = [p for p in _marked(mark) if p.pid != worker]
+        found = [p for p in proctree.marked(mark) if p.pid != worker]
         if not found:
             break
         for child in found:
@@ -388,48 +387,3 @@ def _sweep(mark: str, worker: int, descendants: bool) -> list[str]:
                         and os.getsid(child.pid) == worker:
                     os.waitpid(child.pid, os.WNOHANG)
     return swept
-
-
-def _marked(mark: str) -> list[psutil.Process]:
-    """This process's children with ``mark`` in their environment (zombies have none)."""
-    found = []
-    for child in psutil.Process().children():
-        with contextlib.suppress(psutil.Error):
-            if child.environ().get(_MARK) == mark:
-                found.append(child)
-    return found
-
-
-def _descendants(pid: int) -> list[int] | None:
-    """``pid``'s descendants, read from Linux's /proc/PID/task/TID/children: the tree alone,
-    where psutil reads every process of the host to find it (dozens of builds polled at once
-    made that the grader's whole CPU). None where the kernel keeps no such file."""
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{task}/children") as f:
-                    children = [int(c) for c in f.read().split()]
-            except FileNotFoundError:
-                if parent == pid and not found and not os.path.exists(
-                        f"/proc/{parent}/task/{task}/children"):
-                    return None
-                continue
-            except (OSError, ValueError):
-                continue
-            found += children
-            todo += children
-    return found
-
-
-def _rss(proc: psutil.Process) -> int:
-    try:
-        return proc.memory_info().rss
-    except psutil.Error:
-        return 0

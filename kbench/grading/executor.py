@@ -27,7 +27,6 @@ from kbench.task import TaskError, load_task
 from kbench.toolchain import find_toolchain
 from kbench.verdict import Status
 
-
 Builds = Callable[[list[Job]], dict[str, Built | None]]  # a problem's builds, by path
 
 

@@ -26,8 +26,8 @@ from kbench.build import build_dir
 from kbench.grading import building
 from kbench.grading.building import Built
 from kbench.grading.context import Context, Say
-from kbench.grading.jobs import Job
 from kbench.grading.hostsplit import HostSplit
+from kbench.grading.jobs import Job
 from kbench.grading.options import Options
 from kbench.grading.watch import Watcher, tampered
 from kbench.guard import BuildMark
@@ -53,7 +53,11 @@ class Pipeline:
         self._released: dict[str, Built | None] = {}  # handed out (None: not built here)
         self._suspects: dict[str, Job] = {}
         self._in_flight: set[str] = set()
-        self._since: set[str] = set()  # in flight at some time since the last clean check
+        # The window's checks and the builds on one clock: ticks of each start and end.
+        self._tick = self._checked = 0
+        self._started: dict[str, int] = {}
+        self._ended: dict[str, int] = {}
+        self._check_due = False
         self._threads: list[threading.Thread] = []
         self._window: Callable | None = None
         self._stopping = False
@@ -86,8 +90,8 @@ class Pipeline:
         count = min(self.split.build_jobs, len(jobs))
         self.say(f"building {len(jobs)} submission(s), {count} at a time: "
                  f"{self.split.describe()}")
-        for _ in range(count):
-            thread = threading.Thread(target=self._work, daemon=True)
+        for work in [self._check] + [self._work] * count:
+            thread = threading.Thread(target=work, daemon=True)
             thread.start()
             self._threads.append(thread)
         for job in jobs:
@@ -153,7 +157,8 @@ class Pipeline:
                     return
                 job = self._todo.popleft()
                 self._in_flight.add(job.path)
-                self._since.add(job.path)
+                self._tick += 1
+                self._started[job.path] = self._tick
             built = None
             try:
                 ctx = self._contexts[(job.task, job.problem)]
@@ -168,26 +173,46 @@ class Pipeline:
                 self._finished(job, built)
 
     def _finished(self, job: Job, built: Built | None) -> None:
-        """Check the window; hand out what it shows clean, or make suspects."""
         with self.cond:
+            self._tick += 1
+            self._ended[job.path] = self._tick
             self._in_flight.discard(job.path)
-            if job.path in self._suspects:
-                self.cond.notify_all()
-                return
-            self._done[job.path] = built
-            finding = self._window()
-            if finding.lines:
-                self.say(f"kbench's files changed while {len(self._since)} build(s) ran (put "
-                         "right); each will be built again alone at the end: "
-                         + "; ".join(finding.lines)[:500])
-                for path in self._since:
-                    self._suspects[path] = self._jobs[path]
-                    self._done.pop(path, None)
-            else:
-                for path in [p for p in self._since if p in self._done]:
-                    self._released[path] = self._done.pop(path)
-            self._since = set(self._in_flight)
+            if job.path not in self._suspects:
+                self._done[job.path] = built
+            self._check_due = True
             self.cond.notify_all()
+
+    def _check(self) -> None:
+        """The checker: the window checked (outside the lock: a scan takes a while) whenever
+        builds have ended since the last check. A clean check hands out every build that ended
+        before it started; a change makes a suspect of every build that ran since the
+        previous check started."""
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self._check_due or self._over())
+                if not self._check_due:
+                    return
+                self._check_due = False
+                self._tick += 1
+                began, previous = self._tick, self._checked
+            finding = self._window()
+            with self.cond:
+                if finding.lines:
+                    self.say("kbench's files changed while builds ran (put right); each build "
+                             "then running will be built again alone at the end: "
+                             + "; ".join(finding.lines)[:500])
+                    for path, start in self._started.items():
+                        if start < began and self._ended.get(path, began) > previous:
+                            self._suspects[path] = self._jobs[path]
+                            self._done.pop(path, None)
+                for path in [p for p in self._done if self._ended[p] < began]:
+                    self._released[path] = self._done.pop(path)
+                self._checked = began
+                self.cond.notify_all()
+
+    def _over(self) -> bool:
+        """Every job queued has ended (call with ``cond`` held)."""
+        return (self._loaded or self._stopping) and not self._todo and not self._in_flight
 
     def _folder(self, job: Job) -> Path | None:
         """The job's build folder, which its build fills (a file gone: no folder)."""

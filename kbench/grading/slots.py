@@ -23,8 +23,8 @@ from kbench.grading import hostsplit, units
 from kbench.grading.context import Say
 from kbench.grading.executor import LocalExecutor
 from kbench.grading.jobs import Job, Sink
-from kbench.grading.pipeline import Pipeline
 from kbench.grading.options import Device, Options, OptionsError
+from kbench.grading.pipeline import Pipeline
 
 _RETRIES = 1  # a unit whose slot died is given to a slot once more, then infrastructure_error
 
