@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from kbench import guard
 from kbench.guard import Guard, Presence
 
 
@@ -121,3 +122,23 @@ def test_a_file_put_back_as_it_was_is_not_a_change(tmp_path):
     assert guard.repair(before) == []
     store.write_bytes(b"other")
     assert guard.repair(before) == [f"{store.resolve()} (changed, restored)"]
+
+
+def test_a_scan_does_not_walk_the_folders_it_skips(tmp_path, monkeypatch):
+    # A run's build folders and logs hold thousands of files: listing them only to drop them
+    # made each check of the build pipeline's window take seconds.
+    kept, skipped = tmp_path / "kept", tmp_path / "build-folder"
+    for folder in (kept, skipped / "deep"):
+        folder.mkdir(parents=True)
+        (folder / "f").write_text("x")
+    walked = []
+    real_walk = guard.os.walk
+
+    def walk(root, *args, **kwargs):
+        for folder, dirs, names in real_walk(root, *args, **kwargs):
+            walked.append(Path(folder))
+            yield folder, dirs, names
+    monkeypatch.setattr(guard.os, "walk", walk)
+    found = guard.Guard(restorable=(tmp_path,)).snapshot(ignore=[skipped])
+    assert set(found) == {(kept / "f").resolve()}
+    assert not any(skipped.resolve() in (p, *p.parents) for p in walked)
