@@ -48,6 +48,7 @@ class Pipeline:
         self.cond = threading.Condition()
         self._todo: collections.deque[Job] = collections.deque()
         self._jobs: dict[str, Job] = {}
+        self._folders: dict[str, Path | None] = {}  # each job's build folder
         self._contexts: dict[tuple[str, str], Context | None] = {}
         self._done: dict[str, Built] = {}  # built, not yet checked clean
         self._released: dict[str, Built | None] = {}  # handed out (None: not built here)
@@ -83,9 +84,8 @@ class Pipeline:
         self.watcher.for_run([j.task for j in jobs], [j.path for j in jobs])
         files = [*self.watcher.run_files]
         self.mark.hold()
-        folders = [f for f in map(self._folder, jobs) if f is not None]
-        self._window = self.watcher.watch(files, [self.options.out_dir / "logs", *folders],
-                                          builds=True)
+        self._folders = {j.path: self._folder(j) for j in jobs}
+        self._window = self.watcher.watch(files, [self.options.out_dir / "logs"], builds=True)
         self._jobs = {j.path: j for j in jobs}
         count = min(self.split.build_jobs, len(jobs))
         self.say(f"building {len(jobs)} submission(s), {count} at a time: "
@@ -157,6 +157,11 @@ class Pipeline:
                     return
                 job = self._todo.popleft()
                 self._in_flight.add(job.path)
+                # A check first, while its folder is still compared: what an earlier build
+                # planted there is found before this build loads it.
+                ticket, self._check_due = self._tick, True
+                self.cond.notify_all()
+                self.cond.wait_for(lambda: self._checked > ticket or self._stopping)
                 self._tick += 1
                 self._started[job.path] = self._tick
             built = None
@@ -183,8 +188,8 @@ class Pipeline:
             self.cond.notify_all()
 
     def _check(self) -> None:
-        """The checker: the window checked (outside the lock: a scan takes a while) whenever
-        builds have ended since the last check. A clean check hands out every build that ended
+        """The checker: the window checked (outside the lock) whenever a build has ended or is
+        about to start since the last check. A clean check hands out every build that ended
         before it started; a change makes a suspect of every build that ran since the
         previous check started."""
         while True:
@@ -195,7 +200,10 @@ class Pipeline:
                 self._check_due = False
                 self._tick += 1
                 began, previous = self._tick, self._checked
-            finding = self._window()
+                # A build fills its own folder; the folders of builds not yet started are
+                # compared too (one build must not plant files where a later one will load).
+                filled = [self._folders[p] for p in self._started if self._folders[p]]
+            finding = self._window(filled)
             with self.cond:
                 if finding.lines:
                     self.say("kbench's files changed while builds ran (put right); each build "

@@ -75,7 +75,8 @@ class Watcher:
         kbench process used them at the start or at the end (their writes there cannot be
         told from a submission's), and the cache only while no build pipeline is at work.
         ``builds``: the pipeline's own window, which never compares the store its run writes
-        meanwhile (nor, as ``ignore`` says, the build folders its builds fill)."""
+        meanwhile; ``changed(more)`` leaves out ``more`` too (the folders builds have filled
+        by then)."""
         own = self.task_files + tuple(Path(f).resolve() for f in files)
         others = tuple(f for f in self.run_files if f not in own)
         guard = Guard(self.guard.restorable + own + others, self.guard.cache,
@@ -87,11 +88,11 @@ class Watcher:
         before = guard.snapshot(ignore, alone, self.known)
         self.known.update(before)
 
-        def changed() -> Finding:
+        def changed(more: Iterable[Path] = ()) -> Finding:
             later = beside or (not builds and self.builds.busy())
             shared = alone and not later and all(p.alone() for p in self.presences)
             self.unwatched += not shared
-            return Finding(guard.repair(before, ignore, shared), later)
+            return Finding(guard.repair(before, [*ignore, *more], shared), later)
         return changed
 
 
