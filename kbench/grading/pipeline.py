@@ -161,7 +161,7 @@ class Pipeline:
                 # planted there is found before this build loads it.
                 ticket, self._check_due = self._tick, True
                 self.cond.notify_all()
-                self.cond.wait_for(lambda: self._checked > ticket or self._stopping)
+                self.cond.wait_for(lambda t=ticket: self._checked > t or self._stopping)
                 self._tick += 1
                 self._started[job.path] = self._tick
             built = None
