@@ -54,3 +54,21 @@ def rss(proc: psutil.Process) -> int:
         return proc.memory_info().rss
     except psutil.Error:
         return 0
+
+
+def stopped(pid: int) -> bool:
+    """Every thread of ``pid`` stopped (or gone): SIGSTOP takes effect thread by thread, and
+    a thread still running may yet send a signal or take a core."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("T", "t", "Z", "X", "x"):
+            return False
+    return True

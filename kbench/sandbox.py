@@ -42,6 +42,7 @@ import torch.multiprocessing  # noqa: F401  (registers tensor sharing with the p
 from kbench import paths, proctree, protocol
 
 _POLL_S = 0.05
+_STOP_WAIT_S = 2.0  # a thread in an uninterruptible call stops when it returns from it
 _LIMITS_S = 0.5  # memory and log checks: a walk of the worker's tree each
 _PR_SET_CHILD_SUBREAPER = 36
 _ADOPTING = False
@@ -204,17 +205,24 @@ class Sandbox:
     def frozen(self) -> Iterator[None]:
         """The worker's processes stopped (SIGSTOP) meanwhile, those that left its tree too:
         while the reference is timed, none can run, signal it or compete for the host. Stopped
-        in rounds until no new one shows up (a process may fork as it is listed)."""
+        in rounds until no new one shows up (a process may fork as it is listed), and not
+        left before every thread of each is seen stopped (a thread still running could stop
+        the reference after it was continued)."""
         stopped: dict[int, psutil.Process] = {}
         try:
             for _ in range(5):
-                new = [p for p in self._tree() + proctree.marked(self.mark) if p.pid not in stopped]
+                new = [p for p in self._tree() + proctree.marked(self.mark)
+                       if p.pid not in stopped]
                 if not new:
                     break
                 for proc in new:
                     with contextlib.suppress(psutil.Error):
                         proc.suspend()
                         stopped[proc.pid] = proc
+            deadline = time.monotonic() + _STOP_WAIT_S
+            while not all(proctree.stopped(pid) for pid in stopped) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.001)
             yield
         finally:
             for proc in stopped.values():

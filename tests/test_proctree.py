@@ -1,0 +1,44 @@
+"""Reading process trees (kbench.proctree), and stopping a worker whole (Sandbox.frozen)."""
+
+import subprocess
+import sys
+import time
+
+import psutil
+
+from kbench import proctree, sandbox
+
+_SPIN = ("import threading, time\n"
+         "for _ in range(4):\n"
+         "    threading.Thread(target=lambda: [None for _ in iter(int, 1)], daemon=True).start()\n"
+         "time.sleep(60)\n")
+
+
+def test_descendants_are_read_from_proc():
+    shell = subprocess.Popen(["bash", "-c", "sleep 30 & (sleep 30 & wait) & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(proctree.descendants(shell.pid) or []) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(proctree.descendants(shell.pid)) == 3
+    finally:
+        subprocess.run(["pkill", "-P", str(shell.pid)])
+        shell.kill()
+
+
+def test_a_frozen_worker_has_every_thread_stopped_and_runs_again_after(tmp_path, monkeypatch):
+    # Four threads spinning in the worker's tree: the block is entered only once each is
+    # stopped, and every one runs again after it.
+    with sandbox.Sandbox(tmp_path / "w.log", sandbox.child_env({}), memory_bytes=8 << 30,
+                         log_bytes=1 << 20) as box:
+        spinner = subprocess.Popen([sys.executable, "-c", _SPIN])
+        try:
+            time.sleep(0.5)
+            assert not proctree.stopped(spinner.pid)
+            monkeypatch.setattr(box, "_tree", lambda: [psutil.Process(spinner.pid)])  # its own
+            with box.frozen():
+                assert proctree.stopped(spinner.pid)
+            time.sleep(0.2)
+            assert not proctree.stopped(spinner.pid)
+        finally:
+            spinner.kill()
