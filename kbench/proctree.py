@@ -1,14 +1,21 @@
-"""Reading process trees: a worker's descendants, the adopted orphans that carry its mark, and
-resident memory; kept apart from kbench.sandbox, which acts on what these find."""
+"""Process trees around kbench's workers: their descendants, the orphans kbench adopts and
+finds by a mark or as strays, whether every thread is stopped, resident memory, and the sweep
+that kills and reaps what a worker left behind (kbench.sandbox acts on what these find)."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import sys
+import time
 
 import psutil
 
 MARK = "KBENCH_SANDBOX_MARK"
+_PR_SET_CHILD_SUBREAPER = 36
+_ADOPTING = False
+_EXIT_GRACE_S = 10.0
 
 
 def marked(mark: str) -> list[psutil.Process]:
@@ -72,3 +79,56 @@ def stopped(pid: int) -> bool:
         if state not in ("T", "t", "Z", "X", "x"):
             return False
     return True
+
+
+def strays(since: float, own: set[int]) -> list[psutil.Process]:
+    """This process's children started at ``since`` or later (psutil's create_time, which
+    counts in clock ticks from boot, not time.time()) that are not in ``own`` and
+    still run: orphans adopted here (kbench is its workers' child subreaper), whatever their
+    environment says."""
+    found = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if child.pid not in own and child.create_time() >= since and \
+                    child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+    return found
+
+
+def adopt_orphans() -> None:
+    """Make this process the one that inherits its descendants' orphans (Linux's child
+    subreaper), so that a process a worker left behind by forking twice and leaving its session
+    becomes a child of kbench, where ``sweep`` finds it, instead of init's."""
+    global _ADOPTING
+    if not _ADOPTING and sys.platform == "linux":
+        _ADOPTING = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0,
+                                                            0) == 0
+
+
+def sweep(mark: str, worker: int, descendants: bool) -> list[str]:
+    """Kill this process's children that carry ``mark`` in their environment (a worker's
+    descendants that left its tree, adopted here: see adopt_orphans), in a few rounds, as one
+    may be forking more; then reap those, and the zombies of the worker's session (its
+    ``descendants``, killed, adopted here as their parents died). Nothing else is reaped:
+    another thread's subprocess must get its own exit status. One that cleared its
+    environment on exec is not found."""
+    swept: list[str] = []
+    for _ in range(5):
+        found = [p for p in marked(mark) if p.pid != worker]
+        if not found:
+            break
+        for child in found:
+            with contextlib.suppress(psutil.Error):
+                swept.append(f"pid {child.pid} ({child.name()})")
+                for proc in [*child.children(recursive=True), child]:
+                    with contextlib.suppress(psutil.Error):
+                        proc.kill()
+        psutil.wait_procs(found, timeout=_EXIT_GRACE_S)  # children: this reaps them
+    for _ in range(3 if descendants or swept else 0):
+        time.sleep(0.02)  # a killed process's children are adopted as it dies
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error, OSError):
+                if child.pid != worker and child.status() == psutil.STATUS_ZOMBIE \
+                        and os.getsid(child.pid) == worker:
+                    os.waitpid(child.pid, os.WNOHANG)
+    return swept

@@ -16,7 +16,6 @@ plain data only, so nothing the child sends can make the parent import or run it
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import io
 import multiprocessing
 import os
@@ -44,8 +43,6 @@ from kbench import paths, proctree, protocol
 _POLL_S = 0.05
 _STOP_WAIT_S = 2.0  # a thread in an uninterruptible call stops when it returns from it
 _LIMITS_S = 0.5  # memory and log checks: a walk of the worker's tree each
-_PR_SET_CHILD_SUBREAPER = 36
-_ADOPTING = False
 _MAX_MESSAGE = 64 << 20
 _EXIT_GRACE_S = 10.0
 
@@ -120,6 +117,8 @@ class Sandbox:
         _place(started.proc.pid, cpus, nice)
         self.log_path, self.scratch, self.mark = started.log_path, started.scratch, started.mark
         self.proc, self.conn = started.proc, started.conn
+        # Strays that appear later are this worker's (frozen); on the clock psutil reads.
+        self.started = _created(self.proc.pid)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -205,14 +204,16 @@ class Sandbox:
     def frozen(self) -> Iterator[None]:
         """The worker's processes stopped (SIGSTOP) meanwhile, those that left its tree too:
         while the reference is timed, none can run, signal it or compete for the host. Stopped
-        in rounds until no new one shows up (a process may fork as it is listed), and not
+        in rounds until no new one shows up (a process may fork as it is listed); strays are
+        found by the mark in their environment and, for one that cleared it, as children this
+        process adopted since the worker started that kbench did not start itself. Not
         left before every thread of each is seen stopped (a thread still running could stop
         the reference after it was continued)."""
         stopped: dict[int, psutil.Process] = {}
         try:
             for _ in range(5):
                 new = [p for p in self._tree() + proctree.marked(self.mark)
-                       if p.pid not in stopped]
+                       + proctree.strays(self.started, _OWN) if p.pid not in stopped]
                 if not new:
                     break
                 for proc in new:
@@ -245,7 +246,7 @@ class Sandbox:
             self.proc.wait(timeout=_EXIT_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
-        if swept := _sweep(self.mark, self.proc.pid, descendants=len(stray) > 1):
+        if swept := proctree.sweep(self.mark, self.proc.pid, descendants=len(stray) > 1):
             with contextlib.suppress(OSError), open(self.log_path, "a") as log:
                 log.write(f"\nkbench: killed what the worker left running after it: "
                           f"{', '.join(swept)}\n")
@@ -283,8 +284,8 @@ class _Started:
         self.scratch = Path(tempfile.mkdtemp(prefix="kbench-sandbox-"))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         parent_end, child_end = socket.socketpair()
-        _adopt_orphans()
-        self.mark = secrets.token_hex(8)  # in the environment of all it starts (see _sweep)
+        proctree.adopt_orphans()
+        self.mark = secrets.token_hex(8)  # in the environment of all it starts (proctree.sweep)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kbench.worker", str(child_end.fileno()), str(os.getpid()),
@@ -294,19 +295,26 @@ class _Started:
         child_end.close()
         self.conn = Connection(parent_end.detach())
         self.conn.send_bytes(multiprocessing.current_process().authkey)
+        own(self.proc.pid)
 
     def discard(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=_EXIT_GRACE_S)
-        _sweep(self.mark, self.proc.pid, descendants=True)
+        proctree.sweep(self.mark, self.proc.pid, descendants=True)
         self.conn.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
         self.log_path.unlink(missing_ok=True)
 
 
 _SPARES: dict[Path, _Started] = {}  # by the log the worker will write: one spare per use
+_OWN: set[int] = set()  # the processes kbench started itself: workers and slots
+
+
+def own(pid: int) -> None:
+    """Mark a process this one started as kbench's own (never taken for a stray)."""
+    _OWN.add(pid)
 
 
 def prestart(log_path: Path, env: dict[str, str], device: str) -> None:
@@ -322,6 +330,13 @@ def drop_spares() -> None:
     """End the spares no Sandbox took."""
     while _SPARES:
         _SPARES.popitem()[1].discard()
+
+
+def _created(pid: int) -> float:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return 0.0
 
 
 def _place(pid: int, cpus: tuple[int, ...], nice: int) -> None:
@@ -356,42 +371,3 @@ def read_bounded(path: Path, limit: int) -> str:
         return ""
     return (head.decode(errors="replace") + f"\n[... {size - limit} bytes cut ...]\n"
             + tail.decode(errors="replace"))
-
-
-def _adopt_orphans() -> None:
-    """Make this process the one that inherits its descendants' orphans (Linux's child
-    subreaper), so that a process a worker left behind by forking twice and leaving its session
-    becomes a child of kbench, where ``_sweep`` finds it, instead of init's."""
-    global _ADOPTING
-    if not _ADOPTING and sys.platform == "linux":
-        _ADOPTING = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0,
-                                                            0) == 0
-
-
-def _sweep(mark: str, worker: int, descendants: bool) -> list[str]:
-    """Kill this process's children that carry ``mark`` in their environment (a worker's
-    descendants that left its tree, adopted here: see _adopt_orphans), in a few rounds, as one
-    may be forking more; then reap those, and the zombies of the worker's session (its
-    ``descendants``, killed, adopted here as their parents died). Nothing else is reaped:
-    another thread's subprocess must get its own exit status. One that cleared its
-    environment on exec is not found."""
-    swept: list[str] = []
-    for _ in range(5):
-        found = [p for p in proctree.marked(mark) if p.pid != worker]
-        if not found:
-            break
-        for child in found:
-            with contextlib.suppress(psutil.Error):
-                swept.append(f"pid {child.pid} ({child.name()})")
-                for proc in [*child.children(recursive=True), child]:
-                    with contextlib.suppress(psutil.Error):
-                        proc.kill()
-        psutil.wait_procs(found, timeout=_EXIT_GRACE_S)  # children: this reaps them
-    for _ in range(3 if descendants or swept else 0):
-        time.sleep(0.02)  # a killed process's children are adopted as it dies
-        for child in psutil.Process().children():
-            with contextlib.suppress(psutil.Error, OSError):
-                if child.pid != worker and child.status() == psutil.STATUS_ZOMBIE \
-                        and os.getsid(child.pid) == worker:
-                    os.waitpid(child.pid, os.WNOHANG)
-    return swept

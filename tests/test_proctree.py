@@ -42,3 +42,31 @@ def test_a_frozen_worker_has_every_thread_stopped_and_runs_again_after(tmp_path,
             assert not proctree.stopped(spinner.pid)
         finally:
             spinner.kill()
+
+
+def test_a_stray_that_cleared_its_environment_is_stopped_with_the_worker(tmp_path):
+    # Forked twice (its parent exits, so kbench, the child subreaper, adopts it), in a session
+    # of its own and with an empty environment: no mark to find it by, yet it is stopped.
+    with sandbox.Sandbox(tmp_path / "w.log", sandbox.child_env({}), memory_bytes=8 << 30,
+                         log_bytes=1 << 20) as box:
+        pidfile = tmp_path / "stray.pid"
+        subprocess.run(["bash", "-c", f"setsid env -i {sys.executable} -c "
+                        f"'import os; open(\"{pidfile}\", \"w\").write(str(os.getpid())); "
+                        "[None for _ in iter(int, 1)]' & disown"], check=True)
+        deadline = time.monotonic() + 10
+        while not pidfile.exists() or not pidfile.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        stray = psutil.Process(int(pidfile.read_text()))
+        try:
+            while stray.ppid() != psutil.Process().pid:  # adopted once bash has exited
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert "KBENCH_SANDBOX_MARK" not in stray.environ()
+            with box.frozen():
+                assert proctree.stopped(stray.pid)
+            time.sleep(0.2)
+            assert not proctree.stopped(stray.pid)
+        finally:
+            stray.kill()
+            stray.wait(5)

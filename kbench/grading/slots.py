@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import psutil
 
+from kbench import sandbox
 from kbench.grading import hostsplit, units
 from kbench.grading.context import Say
 from kbench.grading.executor import LocalExecutor
@@ -222,6 +223,7 @@ def _start(slot: SlotSpec, cpus: tuple[int, ...]) -> subprocess.Popen:
     process = subprocess.Popen([sys.executable, "-m", "kbench.grading.slots"], env=env,
                                text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                bufsize=1)
+    sandbox.own(process.pid)
     if cpus:  # the slot's grading processes, every worker it starts included
         with contextlib.suppress(psutil.Error, OSError):
             psutil.Process(process.pid).cpu_affinity(list(cpus))
