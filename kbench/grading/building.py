@@ -70,6 +70,10 @@ def warm(ctx: Context, sub: Submission) -> Built:
             _warm(ctx, channel, sub)
     except Stop as stop:
         return Built(stop.verdict, time.monotonic() - start)
+    except Exception as exc:  # a kbench bug must not end the run or blame the submission
+        traceback.print_exc()
+        return Built(Verdict(Status.INTERNAL_ERROR, f"kbench failed: {exc!r}"),
+                     time.monotonic() - start)
     return Built(None, time.monotonic() - start)
 
 

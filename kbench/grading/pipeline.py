@@ -162,6 +162,8 @@ class Pipeline:
                 ticket, self._check_due = self._tick, True
                 self.cond.notify_all()
                 self.cond.wait_for(lambda t=ticket: self._checked > t or self._stopping)
+                if self._stopping:
+                    return
                 self._tick += 1
                 self._started[job.path] = self._tick
             built = None
