@@ -6,6 +6,7 @@ Read as text, never imported. Labels are facts about the code, not verdicts.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 
 _CUDA_SOURCE = re.compile(r"\bcuda_sources\s*=|__global__|\.cu['\"]")
@@ -17,6 +18,30 @@ _CUSTOM_KERNEL = re.compile(r"\bload_inline\b|\bcpp_extension\.load\b|__global__
 def needs_cuda(source: str) -> bool:
     """True when the file compiles CUDA code, which no CPU-only machine can run."""
     return bool(_CUSTOM_KERNEL.search(source)) and bool(_CUDA_SOURCE.search(source))
+
+
+_IMPORT_LINE = re.compile(r"^\s*import\s+([\w.\s,]+?)\s*(?:#.*)?$", re.MULTILINE)
+_FROM_LINE = re.compile(r"^\s*from\s+(\w+)", re.MULTILINE)
+
+
+@functools.lru_cache(maxsize=512)
+def imported(source: str) -> frozenset[str]:
+    """The top-level modules the source imports, in any form and anywhere (``import a,
+    triton``, ``import triton.language as tl``, ``from triton import jit``, an import inside a
+    function); by lines where the source does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        names = [n.strip().split()[0] for line in _IMPORT_LINE.findall(source)
+                 for n in line.split(",") if n.strip()]
+        return frozenset([n.split(".")[0] for n in names] + _FROM_LINE.findall(source))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return frozenset(found)
 
 
 # Things a reviewer of a fast result wants to know about; none of them is wrong in itself.

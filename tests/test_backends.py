@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from kbench import backends
 from kbench.grading.jobs import Job
 from kbench.grading.options import Device, Options, OptionsError, TimingMode
@@ -66,6 +68,27 @@ def test_kernel_languages_are_recognised_by_their_imports():
     assert triton.env(found, Path("/tmp/b"), 2)["TRITON_CACHE_DIR"] == "/tmp/b/triton-cache"
     assert triton.cannot_run("cpu", found).status is Status.SKIPPED
     assert triton.cannot_run("cuda", found) is None
+
+
+@pytest.mark.parametrize("source", [
+    "import torch, torch.nn as nn, triton, triton.language as tl\n",  # several on one line
+    "import triton.language as tl\n",  # a submodule alone
+    "from triton import jit\n",
+    "from triton.language import program_id\n",
+    "def kernel_module():\n    import triton\n    return triton\n",  # inside a function
+    "import torch\nif True:\n    from triton import jit\n",
+    "import torch, triton  # kernels\ndef broken(:\n",  # does not parse: read by lines
+])
+def test_a_triton_import_is_recognised_in_every_form(source):
+    assert backends.for_source(source).name == "triton"
+
+
+@pytest.mark.parametrize("source", [
+    "import torch\n# import triton\n", "import torch\ns = 'from triton import jit'\n",
+    "import tritonish\n", "from .triton import jit\n",  # another module; a relative import
+])
+def test_what_is_not_a_triton_import_is_not_taken_for_one(source):
+    assert backends.for_source(source).name == "pytorch"
 
 
 def test_kernel_languages_on_a_machine_without_gpu(tmp_path, cache_dir):

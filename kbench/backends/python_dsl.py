@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import re
 from pathlib import Path
 
+from kbench import scan
 from kbench.backends.base import Backend
 from kbench.toolchain import Toolchain
 from kbench.verdict import Status, Verdict
@@ -22,10 +22,9 @@ class PythonDsl(Backend):
                  cache_vars: tuple[str, ...]) -> None:
         self.name, self.label, self.module, self.extra = name, label, module, extra
         self.cache_vars = cache_vars  # what points its compile cache into the build folder
-        self.pattern = re.compile(rf"^\s*(?:import|from)\s+{re.escape(module)}\b", re.M)
 
     def claims(self, source: str) -> bool:
-        return bool(self.pattern.search(source))
+        return self.module in scan.imported(source)
 
     def unavailable(self, toolchain: Toolchain, environment_problem: str | None,
                     source: str = "") -> Verdict | None:
