@@ -77,6 +77,20 @@ class BuildMark:
             os.close(self._held)  # releases the lock
             self._held = None
 
+    def repaired(self) -> None:
+        """Count one more change the pipeline put right (``repairs`` reads the count)."""
+        if self._held is not None:
+            count = self.repairs() + 1
+            os.pwrite(self._held, str(count).encode().ljust(20), 0)
+
+    def repairs(self) -> int:
+        """How many changes the pipeline at work on this cache has put right: a window that
+        sees the count move ran beside a change it may not have seen itself."""
+        try:
+            return int(self.path.read_bytes().strip() or b"0")
+        except (OSError, ValueError):
+            return 0
+
     def busy(self) -> bool:
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
@@ -116,10 +130,10 @@ class Guard:
         return self._scan(self._skipped(ignore, shared), keep_bytes=True, known=known)
 
     def repair(self, before: dict[Path, Seen], ignore: Iterable[Path] = (),
-               shared: bool = True) -> list[str]:
+               shared: bool = True, undo: bool = True) -> list[str]:
         """What changed since ``before`` (taken with the same ``ignore`` and ``shared``), one
-        line per file saying what was done about it, after putting it right; an empty list
-        when nothing did."""
+        line per file saying what was done about it, after putting it right (unless not
+        ``undo``: another process puts it right); an empty list when nothing did."""
         skip = self._skipped(ignore, shared)
         after = self._scan(skip, keep_bytes=False)
         skipped = frozenset(skip)
@@ -131,7 +145,8 @@ class Guard:
                     old.identity == new.identity or _holds(path, old.data)):
                 continue
             what = "new" if old is None else "deleted" if new is None else "changed"
-            lines.append(f"{path} ({what}, {self._undo(path, old)})")
+            done = self._undo(path, old) if undo else "left to the build pipeline"
+            lines.append(f"{path} ({what}, {done})")
         return lines
 
     def _scan(self, skip: tuple[Path, ...], keep_bytes: bool,

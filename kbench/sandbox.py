@@ -292,10 +292,10 @@ class _Started:
                  device], cwd=self.scratch, env={**env, proctree.MARK: self.mark},
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(child_end.fileno(),), start_new_session=True)
+        own(self.proc.pid)
         child_end.close()
         self.conn = Connection(parent_end.detach())
         self.conn.send_bytes(multiprocessing.current_process().authkey)
-        own(self.proc.pid)
 
     def discard(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

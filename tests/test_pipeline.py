@@ -255,3 +255,30 @@ def test_a_build_that_plants_files_where_a_later_build_will_load_is_found(tmp_pa
         assert not (victim / "scaled_add.so").exists()  # its build folder deleted
         settled = pool.settle()
     assert settled[jobs[0].path].verdict.status is Status.FLAGGED
+
+
+def test_a_window_beside_the_pipeline_leaves_the_repair_to_it_and_counts_its_repairs(tmp_path):
+    # Two windows putting files right at once could undo each other (a grading window's
+    # snapshot may hold a build's doing): beside a pipeline, a grading window only reports.
+    from kbench.grading.watch import Watcher
+
+    options = _options(tmp_path, jobs=1)
+    watcher, pool_mark = Watcher(options), BuildMark(options.cache_dir)
+    own = tmp_path / "sub.py"
+    own.write_text("honest\n")
+    pool_mark.hold()
+    try:
+        changed = watcher.watch([own], [])
+        own.write_text("rewritten\n")
+        finding = changed()
+        assert finding.builds_beside and finding.lines and own.read_text() == "rewritten\n"
+        own.write_text("honest\n")
+        changed = watcher.watch([own], [])
+        pool_mark.repaired()  # the pipeline put something right meanwhile
+        assert "the build pipeline put them right" in changed().lines[0]
+    finally:
+        pool_mark.release()
+    changed = watcher.watch([own], [])
+    own.write_text("rewritten\n")
+    finding = changed()
+    assert not finding.builds_beside and own.read_text() == "honest\n"  # alone: put right

@@ -1,6 +1,6 @@
-"""This machine's device as an executor (kbench.grading.jobs): problem by problem, each
-screened and its reference timed while the host's build pipeline (kbench.grading.pipeline)
-builds, its submissions graded one at a time as their builds come out."""
+"""This machine's device as an executor (kbench.grading.jobs): every build first on the host's
+build pipeline (kbench.grading.pipeline), or the builds a slot's unit brings, then problem by
+problem, each screened and its reference timed, its submissions graded one at a time."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from kbench.grading import building, hostsplit
 from kbench.grading.building import Built
 from kbench.grading.context import Context, Say
 from kbench.grading.jobs import Job, Sink
-from kbench.grading.options import Device, Options
+from kbench.grading.options import Options
 from kbench.grading.pipeline import Pipeline
 from kbench.grading.reference_pool import ReferencePool
 from kbench.grading.screen import ProblemError, screen
 from kbench.grading.slot import Slot
-from kbench.grading.watch import Watcher
+from kbench.grading.watch import Watcher, tampered
 from kbench.guard import Presence
 from kbench.protocol import Samples
 from kbench.results import Benchmark, ProblemRun, SubmissionResult
@@ -32,7 +32,7 @@ Builds = Callable[[list[Job]], dict[str, Built | None]]  # a problem's builds, b
 
 class LocalExecutor:
     """This process's device: problem by problem, each screened, its submissions evaluated
-    one at a time against one reference pool as their builds come out."""
+    one at a time against one reference pool."""
 
     def __init__(self, options: Options, say: Say = lambda line: None, pin: bool = True
                  ) -> None:
@@ -77,7 +77,7 @@ class LocalExecutor:
         """Grade ``jobs``. ``built``: what the driver's pipeline built for them (a slot's
         unit, kbench.grading.slots), and ``defer`` where a job goes whose grading saw kbench's
         files change beside those builds (the driver grades it again at the end); without
-        them, a pipeline here builds the jobs while the first problems are graded."""
+        them, a pipeline here builds the jobs first."""
         self.watcher.for_run([job.task for job in jobs], [job.path for job in jobs])
         if built is not None:
             self._problems(jobs, sink, lambda group: {j.path: built.get(j.path) for j in group},
@@ -91,24 +91,19 @@ class LocalExecutor:
                      "and went unchecked")
 
     def _with_pipeline(self, jobs: list[Job], sink: Sink) -> None:
-        """Builds here, on the cores the host split gives them, while this process (on the
-        timing cores) grades; what could not be pinned on one submission, at the end."""
+        """Every build first, on the pool's cores, then grading (on the timing cores): in one
+        process a grading window beside running builds could not tell their writes from its
+        submission's. A suspect of the pool's window is built again alone and graded last."""
         ordered = [job for group in _groups(jobs).values() for job in group]
-        deferred: list[Job] = []
         with Pipeline(self.options, self.toolchain, self.environment_problem, self.split,
                       self.say) as pipeline, _pinned(self.split.timing[0]):
             pipeline.start(ordered)
-            if self.options.device is Device.CPU and self.options.timed:
-                pipeline.finish()  # CPU timing needs every core: everything builds first
-            self._problems(ordered, sink, pipeline.wait, deferred.append)
             pipeline.finish()
-            again = pipeline.suspects() + deferred
-            if again:
-                self.say(f"grading {len(again)} submission(s) again, alone, now that the "
-                         "builds are done")
-                builds = {**pipeline.built(), **pipeline.settle()}
-                self._problems(again, sink, lambda group: {j.path: builds.get(j.path)
-                                                           for j in group}, None)
+            self._problems(ordered, sink, pipeline.wait, None)
+            if suspects := pipeline.suspects():
+                settled = pipeline.settle()
+                self._problems(suspects, sink, lambda group: {j.path: settled.get(j.path)
+                                                              for j in group}, None)
 
     def _problems(self, jobs: list[Job], sink: Sink, builds: Builds,
                   defer: Callable[[Job], None] | None) -> None:
@@ -179,11 +174,18 @@ class LocalExecutor:
     def _built(self, ctx: Context, jobs: list[Job], built: dict[str, Built | None]
                ) -> dict[str, Built]:
         """The pipeline's builds; one it did not make (its problem did not load there) is
-        made here."""
-        return {path: b if b is not None else building.build(
-                    ctx, next(j for j in jobs if j.path == path).submission(),
-                    self.environment_problem, self.split.cores_per_build())
-                for path, b in built.items()}
+        made here, watched."""
+        made = {}
+        for path, b in built.items():
+            if b is None:
+                sub = next(j for j in jobs if j.path == path).submission()
+                changed = self.watcher.watch([sub.path], [ctx.logs, building.folder(ctx, sub)])
+                b = building.build(ctx, sub, self.environment_problem,
+                                   self.split.cores_per_build())
+                if lines := changed().lines:
+                    b = Built(tampered("while building", lines), b.seconds)
+            made[path] = b
+        return made
 
     def _problem_run(self, ctx: Context, table: list[Benchmark], pool: ReferencePool,
                      notes: list[str]) -> ProblemRun:

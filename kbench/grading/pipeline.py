@@ -59,6 +59,8 @@ class Pipeline:
         self._started: dict[str, int] = {}
         self._ended: dict[str, int] = {}
         self._check_due = False
+        self._tickets: dict[str, int] = {}  # the check each build waits for before it starts
+        self._closing = False  # finish: the checker's last check
         self._threads: list[threading.Thread] = []
         self._window: Callable | None = None
         self._stopping = False
@@ -68,9 +70,9 @@ class Pipeline:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if exc[0] is not None:  # the run is over: no new build starts
+        if exc[0] is not None:  # the run is over: no new build starts, the checker ends
             with self.cond:
-                self._stopping = True
+                self._stopping = self._closing = True
                 self._todo.clear()
                 self.cond.notify_all()
         else:
@@ -116,9 +118,16 @@ class Pipeline:
             return {j.path: self._released[j.path] for j in jobs if j.path in self._released}
 
     def finish(self) -> None:
-        """Wait for every build; then the pool's mark is dropped: grading windows from now on
-        see no builds beside them."""
-        for thread in self._threads:
+        """Wait for every build and a last check; then the pool's mark is dropped: grading
+        windows from now on see no builds beside them (call once grading beside the builds
+        is over: until then the checker puts right what changes)."""
+        workers, checker = self._threads[1:], self._threads[:1]
+        for thread in workers:
+            thread.join()
+        with self.cond:
+            self._closing = True
+            self.cond.notify_all()
+        for thread in checker:
             thread.join()
         self.mark.release()
 
@@ -160,6 +169,7 @@ class Pipeline:
                 # A check first, while its folder is still compared: what an earlier build
                 # planted there is found before this build loads it.
                 ticket, self._check_due = self._tick, True
+                self._tickets[job.path] = ticket
                 self.cond.notify_all()
                 self.cond.wait_for(lambda t=ticket: self._checked > t or self._stopping)
                 if self._stopping:
@@ -190,27 +200,33 @@ class Pipeline:
             self.cond.notify_all()
 
     def _check(self) -> None:
-        """The checker: the window checked (outside the lock) whenever a build has ended or is
-        about to start since the last check. A clean check hands out every build that ended
-        before it started; a change makes a suspect of every build that ran since the
-        previous check started."""
+        """The checker: the window checked (outside the lock) whenever a build has ended or
+        is about to start, and once a second while grading goes on beside it, until
+        ``finish``. A clean check hands out every build that ended before it started; a
+        change, put right to the run's first state, makes a suspect of every build that ran
+        since the previous check started (and is counted on the mark, for grading windows)."""
         while True:
             with self.cond:
-                self.cond.wait_for(lambda: self._check_due or self._over())
-                if not self._check_due:
-                    return
-                self._check_due = False
+                self.cond.wait_for(lambda: self._check_due or self._closing, timeout=1.0)
+                closing, self._check_due = self._closing, False
                 self._tick += 1
                 began, previous = self._tick, self._checked
                 # A build fills its own folder; the folders of builds not yet started are
                 # compared too (one build must not plant files where a later one will load).
-                filled = [self._folders[p] for p in self._started if self._folders[p]]
-            finding = self._window(filled)
+                filled = [self._folders[p] for p in self._in_flight | set(self._started)
+                          if self._folders.get(p) and (p in self._started or
+                                                      self._tickets.get(p, began) < previous)]
+            try:
+                lines = self._window(filled).lines
+            except Exception as exc:  # kbench's own failure: nothing is handed out unchecked
+                traceback.print_exc()
+                lines = [f"the check failed: {exc!r}"]
             with self.cond:
-                if finding.lines:
+                if lines:
+                    self.mark.repaired()
                     self.say("kbench's files changed while builds ran (put right); each build "
                              "then running will be built again alone at the end: "
-                             + "; ".join(finding.lines)[:500])
+                             + "; ".join(lines)[:500])
                     for path, start in self._started.items():
                         if start < began and self._ended.get(path, began) > previous:
                             self._suspects[path] = self._jobs[path]
@@ -219,10 +235,8 @@ class Pipeline:
                     self._released[path] = self._done.pop(path)
                 self._checked = began
                 self.cond.notify_all()
-
-    def _over(self) -> bool:
-        """Every job queued has ended (call with ``cond`` held)."""
-        return (self._loaded or self._stopping) and not self._todo and not self._in_flight
+            if closing:
+                return
 
     def _folder(self, job: Job) -> Path | None:
         """The job's build folder, which its build fills (a file gone: no folder)."""

@@ -65,6 +65,8 @@ class Slot:
                 verdict = Verdict(Status.INTERNAL_ERROR, f"kbench failed: {exc!r}")
         self._prestart()
         finding = changed()
+        if finding.lines:  # the next worker may have imported what was changed
+            sandbox.drop_spares()
         if finding.lines and finding.builds_beside and can_defer:
             return None
         if finding.lines:

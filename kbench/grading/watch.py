@@ -73,7 +73,8 @@ class Watcher:
         runs; call the result once it has ended: what they changed, put right since. The
         output folder, the build cache and the run's other files count only if no other
         kbench process used them at the start or at the end (their writes there cannot be
-        told from a submission's), and the cache only while no build pipeline is at work.
+        told from a submission's), and the cache only while no build pipeline is at work
+        (kbench.guard.BuildMark).
         ``builds``: the pipeline's own window, which never compares the store its run writes
         meanwhile; ``changed(more)`` leaves out ``more`` too (the folders builds have filled
         by then)."""
@@ -84,15 +85,23 @@ class Watcher:
         if builds:
             ignore = [*ignore, *self.store_files]
         beside = not builds and self.builds.busy()
-        alone = not beside and all(p.alone() for p in self.presences)
-        before = guard.snapshot(ignore, alone, self.known)
+        repairs = self.builds.repairs()
+        alone = all(p.alone() for p in self.presences)
+        skip = [*ignore, *(self.guard.cache if beside else ())]  # builds fill the cache
+        before = guard.snapshot(skip, alone, self.known)
         self.known.update(before)
 
         def changed(more: Iterable[Path] = ()) -> Finding:
-            later = beside or (not builds and self.builds.busy())
-            shared = alone and not later and all(p.alone() for p in self.presences)
+            """Beside a build pipeline, what changed is left for the pipeline to put right
+            (it restores the run's first state; this window's may hold a build's doing), and
+            a change it put right meanwhile counts too."""
+            shared = alone and all(p.alone() for p in self.presences)
             self.unwatched += not shared
-            return Finding(guard.repair(before, [*ignore, *more], shared), later)
+            lines = guard.repair(before, [*skip, *more], shared, undo=not beside)
+            if beside and self.builds.repairs() != repairs:
+                lines.append("kbench's files changed meanwhile (the build pipeline put them "
+                             "right)")
+            return Finding(lines, beside)
         return changed
 
 
