@@ -40,8 +40,8 @@ def child(variant: str, shape: tuple[int, int]) -> None:
     sys.path.insert(0, str(ROOT))
     import torch
 
+    from kbench.problems.load import load_task
     from kbench.reference.l2norm import Model, make_inputs
-    from kbench.task import load_task
     from kbench.worker import timing
 
     if variant == "thin-hold":

@@ -255,7 +255,8 @@ def _first_doc_line(path: Path) -> str:
 
 def _new(args: argparse.Namespace) -> int:
     from kbench import scaffold
-    from kbench.task import TaskError, load_task
+    from kbench.problems.load import load_task
+    from kbench.task import TaskError
 
     try:
         task = load_task(args.task)

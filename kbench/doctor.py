@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from kbench import environment, toolchain
-from kbench.build import first_error_line
 from kbench.toolchain import Toolchain, matches, probe
+from kbench.verdict import first_error_line
 
 
 class Level(str, Enum):

@@ -54,7 +54,8 @@ def _plan(assigned: dict) -> list:
     cannot be loaded stays in the plan to be reported, unless it is the only one: then
     TaskError."""
     from kbench.grading.run import Entry
-    from kbench.task import TaskError, load_task
+    from kbench.problems.load import load_task
+    from kbench.task import TaskError
 
     plan = []
     for problem, subs in assigned.items():

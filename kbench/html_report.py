@@ -9,8 +9,8 @@ from html import escape
 from pathlib import Path
 
 from kbench import charts
-from kbench.report import ms_text, profile_text
-from kbench.results import Benchmark, ProblemRun, RunResult, SubmissionResult
+from kbench.grading.options import profile_text
+from kbench.results import Benchmark, ProblemRun, RunResult, SubmissionResult, ms_text
 from kbench.summary import THRESHOLDS, summarise
 from kbench.verdict import Status
 

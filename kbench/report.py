@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from kbench.grading.options import RIGOUR, Profile
+from kbench.grading.options import profile_text
 from kbench.peaks import peak_tflops
 from kbench.results import (
     LAUNCH_BOUND_MS,
@@ -19,6 +19,7 @@ from kbench.results import (
     ProblemRun,
     RunResult,
     SubmissionResult,
+    ms_text,
     params_text,
 )
 from kbench.summary import THRESHOLDS, summarise
@@ -54,21 +55,6 @@ def progress_line(result: SubmissionResult, index: int, total: int) -> str:
 
 def _shape(b: Benchmark) -> str:
     return params_text(b.params)
-
-
-def profile_text(profile: str) -> str:
-    """What a timing profile gathered, for the reports' headers."""
-    try:
-        r = RIGOUR[Profile(profile)]
-    except ValueError:  # written by a kbench with other profiles
-        return "unknown"
-    return (f"{r.rounds} rounds per size alternating with the reference, {r.fresh_rounds} "
-            f"fresh-process rounds for launch-bound sizes, {r.share:.0%} of the task's samples "
-            "and time budget" + ("" if r.compile_baseline else ", no torch.compile baseline"))
-
-
-def ms_text(m: Measurement | None) -> str:
-    return f"{m.ms:.4g} ms" if m is not None else "-"
 
 
 def _interval(bounds: list[float] | None, digits: int = 4) -> str:

@@ -202,3 +202,7 @@ class RunResult:
             "problems": [p.to_dict() for p in self.problems],
             "submissions": [s.to_dict() for s in self.submissions],
         }
+
+
+def ms_text(m: Measurement | None) -> str:
+    return f"{m.ms:.4g} ms" if m is not None else "-"

@@ -206,29 +206,3 @@ def available_tasks() -> list[str]:
         return []
     return sorted({p.stem for p in directory.glob("*.yaml")}
                   | {p.stem for p in directory.glob("*.py") if not p.name.startswith("_")})
-
-
-_loaded: dict[tuple, Task] = {}
-
-
-def load_task(name_or_path: str, name: str | None = None) -> Task:
-    """A task by name or path; a problem file beside a YAML of the same stem is graded by
-    the YAML. ``name`` renames it (a problem in a set: level1/19_ReLU). Loaded once per
-    process while its file is unchanged (a problem's analysis takes time)."""
-    path = find_task(name_or_path)
-    if path.suffix == ".py" and path.with_suffix(".yaml").is_file():
-        path = path.with_suffix(".yaml")
-    key = (path.resolve(), name, path.stat().st_mtime_ns)
-    if key not in _loaded:
-        _loaded[key] = _load(path, name)
-    return _loaded[key]
-
-
-def _load(path: Path, name: str | None) -> Task:
-    if path.suffix == ".py":
-        from kbench.problems.defaults import from_problem
-        task = from_problem(path)
-    else:
-        from kbench.task_yaml import parse
-        task = parse(path)
-    return task.renamed(name) if name else task

@@ -113,18 +113,24 @@ def read_yaml(path: Path) -> Any:
         raise TaskError(f"{path}: cannot read it ({exc.strerror})") from None
 
 
-def parse(path: Path) -> Task:
-    """A Task from a YAML file."""
-    raw = read_yaml(path)
+def problem_file(path: Path, raw: dict) -> Path | None:
+    """The problem file a YAML's ``reference`` names (kbench.problems.defaults merges the
+    YAML over it), or None for a reference module."""
     r = _Reader(path)
     r.mapping(raw, "", _TOP, {"reference"})
     reference = r.text(raw["reference"], "reference")
-    if reference.endswith(".py"):
-        file = (path.parent / reference).resolve()
-        if not file.is_file():
-            raise r.fail("reference", "a Python file that exists", reference)
-        from kbench.problems.defaults import from_problem
-        return from_problem(file, raw, path)
+    if not reference.endswith(".py"):
+        return None
+    file = (path.parent / reference).resolve()
+    if not file.is_file():
+        raise r.fail("reference", "a Python file that exists", reference)
+    return file
+
+
+def parse(path: Path, raw: dict) -> Task:
+    """A Task from a YAML file (read as ``raw``) whose reference is a module."""
+    r = _Reader(path)
+    reference = r.text(raw["reference"], "reference")
     r.mapping(raw, "", _TOP - {"mode", "sizes"}, _MODULE_REQUIRED)
     try:
         module = importlib.import_module(reference)

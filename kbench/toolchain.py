@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from kbench.build import first_error_line
+from kbench.verdict import first_error_line
 
 # Where a system-wide toolkit lives when CUDA_HOME does not say.
 SYSTEM_HOMES = ("/usr/local/cuda",)

@@ -11,8 +11,22 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from kbench.build import first_error_line
 from kbench.protocol import WorkerError
+
+_COMPILER_ERROR = re.compile(
+    r"ptxas (?:fatal|error)|nvcc fatal|fatal error|\berror\b\s*(?:[A-Z]+\d+\s*)?:|"
+    r"undefined (?:reference|symbol)|collect2:",
+    re.IGNORECASE)
+
+
+def first_error_line(log: str) -> str | None:
+    """The first line of a build log that reports a real compiler or linker error, else torch's
+    own "Error building extension" line."""
+    lines = log.splitlines()
+    for line in lines:
+        if _COMPILER_ERROR.search(line) and "Error building extension" not in line:
+            return re.sub(r"^(?:[^\s:]*/)+", "", line.strip())  # build folders are noise
+    return next((line.strip() for line in lines if "Error building extension" in line), None)
 
 
 class Status(str, Enum):

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from kbench.cases import plan_cases, select
-from kbench.task import load_task
+from kbench.problems.load import load_task
 
 
 @pytest.fixture(scope="module")

@@ -150,7 +150,7 @@ def test_the_memory_a_reference_needs_counts_what_is_alive_at_once(tmp_path):
 
 
 def test_work_and_traffic_are_counted_for_a_problem_file():
-    from kbench.task import load_task
+    from kbench.problems.load import load_task
 
     task = load_task(str(ROOT / "tasks" / "gemm.py"))
     params = {"M": 64, "K": 32, "N": 16}

@@ -36,10 +36,7 @@ def test_a_frozen_worker_has_every_thread_stopped_and_runs_again_after(tmp_path,
             time.sleep(0.5)
             assert not proctree.stopped(spinner.pid)
             monkeypatch.setattr(box, "_tree", lambda: [psutil.Process(spinner.pid)])  # its own
-            with box.frozen():
-                assert proctree.stopped(spinner.pid)
-            time.sleep(0.2)
-            assert not proctree.stopped(spinner.pid)
+            _stopped_only_while_frozen(box, spinner.pid)
         finally:
             spinner.kill()
 
@@ -63,10 +60,14 @@ def test_a_stray_that_cleared_its_environment_is_stopped_with_the_worker(tmp_pat
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             assert "KBENCH_SANDBOX_MARK" not in stray.environ()
-            with box.frozen():
-                assert proctree.stopped(stray.pid)
-            time.sleep(0.2)
-            assert not proctree.stopped(stray.pid)
+            _stopped_only_while_frozen(box, stray.pid)
         finally:
             stray.kill()
             stray.wait(5)
+
+
+def _stopped_only_while_frozen(box: sandbox.Sandbox, pid: int) -> None:
+    with box.frozen():
+        assert proctree.stopped(pid)
+    time.sleep(0.2)
+    assert not proctree.stopped(pid)

@@ -4,7 +4,8 @@ import pytest
 import yaml
 
 from kbench import paths
-from kbench.task import TaskError, load_task
+from kbench.problems.load import load_task
+from kbench.task import TaskError
 
 
 def test_bundled_task_loads():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,17 +65,10 @@ def warm(ctx: Context, sub: Submission) -> Built:
     if not (backends.for_source(sub.path.read_text(errors="replace")).jit
             and ctx.device.type == "cuda"):
         return Built(None, 0.0)
-    start = time.monotonic()
-    try:
+    def run() -> None:
         with Channel(ctx, f"{sub.log_name}.warm.log", env(ctx, sub)) as channel:
             _warm(ctx, channel, sub)
-    except Stop as stop:
-        return Built(stop.verdict, time.monotonic() - start)
-    except Exception as exc:  # a kbench bug must not end the run or blame the submission
-        traceback.print_exc()
-        return Built(Verdict(Status.INTERNAL_ERROR, f"kbench failed: {exc!r}"),
-                     time.monotonic() - start)
-    return Built(None, time.monotonic() - start)
+    return _timed(run)
 
 
 def _warm(ctx: Context, channel: Channel, sub: Submission) -> None:
@@ -111,14 +105,22 @@ def build(ctx: Context, sub: Submission, environment_problem: str | None, cores:
     if verdict := backends.for_source(source).unavailable(ctx.toolchain, environment_problem,
                                                           source):
         return Built(verdict, 0.0)
-    start = time.monotonic()
-    try:
+    def run() -> None:
         with Channel(ctx, f"{sub.log_name}.build.log", env(ctx, sub, cores), cpus,
                      nice) as channel:
             channel.load(sub, instantiate=False, stage="build")
+    return _timed(run)
+
+
+def _timed(run: Callable[[], None]) -> Built:
+    """``run``'s outcome as a build's, with its seconds: a Stop's verdict, or (a kbench bug
+    must neither end the run nor blame the submission) internal_error."""
+    start = time.monotonic()
+    try:
+        run()
     except Stop as stop:
         return Built(stop.verdict, time.monotonic() - start)
-    except Exception as exc:  # a kbench bug must not end the run or blame the submission
+    except Exception as exc:
         traceback.print_exc()
         return Built(Verdict(Status.INTERNAL_ERROR, f"kbench failed: {exc!r}"),
                      time.monotonic() - start)

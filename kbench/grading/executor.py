@@ -21,9 +21,10 @@ from kbench.grading.screen import ProblemError, screen
 from kbench.grading.slot import Slot
 from kbench.grading.watch import Watcher, tampered
 from kbench.guard import Presence
+from kbench.problems.load import load_task
 from kbench.protocol import Samples
 from kbench.results import Benchmark, ProblemRun, SubmissionResult
-from kbench.task import TaskError, load_task
+from kbench.task import TaskError
 from kbench.toolchain import find_toolchain
 from kbench.verdict import Status
 

@@ -41,6 +41,17 @@ RIGOUR = {Profile.FULL: Rigour(rounds=3, fresh_rounds=8, share=1.0, target_ci=1.
                                 compile_baseline=False)}
 
 
+def profile_text(profile: str) -> str:
+    """What a timing profile gathered, for the reports' headers."""
+    try:
+        r = RIGOUR[Profile(profile)]
+    except ValueError:  # written by a kbench with other profiles
+        return "unknown"
+    return (f"{r.rounds} rounds per size alternating with the reference, {r.fresh_rounds} "
+            f"fresh-process rounds for launch-bound sizes, {r.share:.0%} of the task's samples "
+            "and time budget" + ("" if r.compile_baseline else ", no torch.compile baseline"))
+
+
 class OptionsError(ValueError):
     """Settings that cannot go together; the message names the option."""
 

@@ -31,7 +31,7 @@ from kbench.grading.jobs import Job
 from kbench.grading.options import Options
 from kbench.grading.watch import Watcher, tampered
 from kbench.guard import BuildMark
-from kbench.task import load_task
+from kbench.problems.load import load_task
 from kbench.toolchain import Toolchain
 
 

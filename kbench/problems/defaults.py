@@ -19,6 +19,7 @@ from kbench import inputs
 from kbench.problems import sizes
 from kbench.results import error_line
 from kbench.task import Correctness, Task, TaskError, digest
+from kbench.task_yaml import _Reader, build
 
 RANDOM_CASES = 8
 RANDOM_CASES_HEAVY = 2  # on a CPU, for a problem still over the CPU bound shrunk
@@ -41,8 +42,6 @@ _DEFAULTS: dict[str, Any] = {
 def from_problem(file: Path, raw: dict | None = None, yaml_path: Path | None = None) -> Task:
     """The task for a problem file; ``raw`` is a YAML's mapping (at ``yaml_path``) that
     overrides the defaults section by section."""
-    from kbench.task_yaml import _Reader, build
-
     raw = dict(raw or {})
     where = yaml_path or file
     r = _Reader(where)
