@@ -103,7 +103,9 @@ def test_every_build_core_is_kept_busy_while_builds_are_left(tmp_path, monkeypat
         pool.start(jobs)
         pool.finish()
     times = {(what, name): t for what, name, t in builds.log}
-    assert times[("start", "linear_relu/draws_first")] - times[("end", "scaled_add/honest")] < 0.5
+    fourth = times[("start", "linear_relu/draws_first")]
+    assert fourth < times[("end", "scaled_add/ignores_alpha")]  # not after the slow ones
+    assert fourth < times[("end", "linear_relu/honest")]
 
 
 def test_the_pipeline_is_busy_for_grading_windows_until_it_finishes(tmp_path, monkeypatch):
