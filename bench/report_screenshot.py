@@ -1,7 +1,7 @@
 """Render a stored run's index.html from its results.json and take a screenshot of it in
 headless Chromium, for the docs.
 
-    python bench/report_screenshot.py reports/h100-2026-11-25-issue16/results.json \\
+    python bench/report_screenshot.py docs/evidence/h100-2026-11-25-issue16/results.json \\
         /tmp/report.png --height 2200
 """
 

@@ -8,9 +8,9 @@ Beyond noise means both: the two 95 % intervals do not overlap, and the change i
 a noise floor. The intervals describe the sampling noise within one run only; between runs
 (another process placement, another GPU or host of the same kind) a speedup moves more, most of
 all where launch overhead dominates. Measured on unchanged l2norm files: in 417 size rows of
-four runs on one host of 2x H200 (reports/h200x2-2026-11-26-scaling/), 11 had disjoint
+four runs on one host of 2x H200 (docs/evidence/h200x2-2026-11-26-scaling/), 11 had disjoint
 intervals, all at launch-bound sizes, moved by up to 7.8 %; between two such hosts
-(reports/h200x2-2026-11-26-compare/), 4 of 42, up to 1.1 % at ordinary sizes and 5.5 % at
+(docs/evidence/h200x2-2026-11-26-compare/), 4 of 42, up to 1.1 % at ordinary sizes and 5.5 % at
 launch-bound ones. Hence the default floors, 3 % and 10 % (launch-bound: marked † in the
 report)."""
 

@@ -213,7 +213,7 @@ def test_a_results_json_reads_back_as_the_run_it_was():
 
 def test_bundled_charts_are_drawn_for_a_stored_gpu_run():
     # A results.json written before kbench 0.3 (one problem, at the top level) still renders.
-    old = Path(__file__).parent.parent / "reports" / "h100-2026-11-25" / "results.json"
+    old = Path(__file__).parent.parent / "docs" / "evidence" / "h100-2026-11-25" / "results.json"
     run = RunResult.from_dict(json.loads(old.read_text()))
     assert run.problems[0].name == "l2norm" and run.problems[0].reference
     assert html_report.page(run).count("<figure>") == 2
