@@ -77,6 +77,16 @@ def _grade_parser(sub) -> None:
                        help="flag a submission whose profiled GPU time is mostly torch's "
                        "library kernels (ATen, cuBLAS, cuDNN), or that launched none of its "
                        "own (CUDA only; the share is reported either way)")
+    grade.add_argument("--rules", choices=["kbench", "kernelbench"], default="kbench",
+                       help="whose correctness verdict ranks: kbench's (default: many sizes "
+                       "and draws, float64 truth, cheat checks) or KernelBench's (the "
+                       "problem's own sizes and get_inputs under its seeds, allclose, 5 "
+                       "trials; faster). KernelBench problem files get both verdicts either way")
+    grade.add_argument("--atol", type=float, help="absolute tolerance under KernelBench's "
+                       "rules (default: KernelBench's for the dtype: 1e-4 float32, 1e-2 "
+                       "16-bit; its v0 used 1e-2)")
+    grade.add_argument("--rtol", type=float, help="relative tolerance under KernelBench's "
+                       "rules (default: as --atol)")
     grade.add_argument("--resume", action="store_true", help="finish the newest interrupted "
                        "run of this task in --out: same seed and options, only what is missing")
     grade.add_argument("--force", action="store_true", help="grade again even files whose "

@@ -8,6 +8,9 @@ Columns, in order:
                        names, the kernel language (cuda, triton, cute_dsl, tilelang, pytorch)
                        and the verdict
     reason             the verdict's reason (empty for ok)
+    rules              whose correctness rules ``status`` follows: kbench or kernelbench
+    kernelbench_status, kernelbench_reason  -- the verdict under KernelBench's rules (empty
+                       for a task of kbench's own format)
     cases_passed, cases_total
     custom_share       of a profiled call's GPU time, the share in the submission's own
                        kernels (0-1; CUDA only); kernels: the longest-running, ';'-joined
@@ -32,6 +35,7 @@ import io
 from kbench.results import Benchmark, RunResult, SubmissionResult
 
 COLUMNS = ("run_id", "profile", "problem", "submission", "backend", "status", "reason",
+           "rules", "kernelbench_status", "kernelbench_reason",
            "cases_passed", "cases_total", "custom_share", "kernels",
            "speedup", "speedup_low", "speedup_high", "size", "dtype", "size_speedup",
            "size_speedup_low", "size_speedup_high", "size_compile_speedup",
@@ -52,7 +56,10 @@ def table(run: RunResult) -> str:
 def _row(run: RunResult, sub: SubmissionResult, b: Benchmark | None) -> dict:
     row = {"run_id": run.run_id, "profile": run.profile, "problem": sub.problem,
            "submission": sub.name, "backend": sub.backend,
-           "status": sub.status.value, "reason": sub.reason, "cases_passed": sub.cases_passed,
+           "status": sub.status.value, "reason": sub.reason, "rules": run.rules,
+           "kernelbench_status": sub.kernelbench.status.value if sub.kernelbench else None,
+           "kernelbench_reason": sub.kernelbench.reason if sub.kernelbench else None,
+           "cases_passed": sub.cases_passed,
            "cases_total": sub.cases_total, "custom_share": sub.custom_share,
            "kernels": ";".join(sub.kernels), "speedup": sub.speedup,
            **_bounds("speedup", sub.speedup_ci), "flags": ";".join(sub.flags),

@@ -38,14 +38,16 @@ class _FromSource(importlib.machinery.SourceFileLoader):
         return compile(self.get_data(self.path), self.path, "exec", dont_inherit=True)
 
 
-def load_file(path: str | Path, name: str) -> ModuleType:
+def load_file(path: str | Path, name: str, names: dict[str, Any] | None = None) -> ModuleType:
     """Import a Python file as module ``name`` (registered in sys.modules, so that pickling
-    and dataclasses inside it work), from its source."""
+    and dataclasses inside it work), from its source; ``names``: another module's
+    namespace whose public names the file starts with (its own definitions win)."""
     spec = importlib.util.spec_from_file_location(name, str(path),
                                                   loader=_FromSource(name, str(path)))
     if spec is None or spec.loader is None:
         raise ImportError(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
+    module.__dict__.update({k: v for k, v in (names or {}).items() if not k.startswith("__")})
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)

@@ -241,6 +241,9 @@ class Load:
     model: ModelSpec | None  # build this instance now (None: import only)
     eval_mode: bool = False  # the task's mode: models stay in training mode unless eval
     compile: bool = False
+    # The submission's module starts with the reference's module-level names, as it would
+    # where KernelBench runs the problem and the submission in one namespace.
+    shared_names: bool = False
 
 
 @dataclass(frozen=True)

@@ -152,6 +152,7 @@ def _summary(run: RunResult) -> list[str]:
              f"- correct: {s.correct}/{s.problems} problems ({100 * s.correct_rate:.0f}%); "
              "geometric-mean speedup of each problem's best: "
              + (f"{s.geomean:.3f}x" if s.geomean else "-")]
+    lines += _kernelbench_summary(run)
     if s.geomean is None:
         return lines + ["- fast_p: no correct submission was timed"]
     lines += ["", "| fast_p (share of problems) | " + share(f"p={p:g}" for p in THRESHOLDS)
@@ -162,6 +163,20 @@ def _summary(run: RunResult) -> list[str]:
         lines.append(f"| {label} | " + share(f"{100 * values[p]:.1f}%" for p in THRESHOLDS)
                      + " |")
     return lines
+
+
+def _kernelbench_summary(run: RunResult) -> list[str]:
+    """The same run under KernelBench's rules: correct rate and KernelBench's fast_p (on the
+    median), where its problems are KernelBench problem files."""
+    kb_run = run.under_kernelbench()
+    if kb_run is None:
+        return []
+    s = summarise(kb_run)
+    ranks = "rank this run" if run.rules == "kernelbench" else \
+        "do not rank this run; what failed kbench's was not timed, so it is never fast here"
+    return [f"- under KernelBench's rules ({ranks}): correct {s.correct}/{s.problems} problems "
+            f"({100 * s.correct_rate:.0f}%); fast_p on the median: "
+            + ", ".join(f"p={p:g} {100 * s.fast_plain[p]:.1f}%" for p in THRESHOLDS)]
 
 
 def _header(run: RunResult, bound: set[str]) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from kbench.verdict import Status
 
@@ -75,6 +75,19 @@ class Benchmark:
 
 
 @dataclass
+class RuleVerdict:
+    """A verdict under one set of correctness rules (kbench.grading.kernelbench_rules)."""
+
+    status: Status
+    reason: str = ""
+    passed: int = 0  # trials passed (KernelBench's rules run five)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RuleVerdict:
+        return cls(Status(data["status"]), data.get("reason", ""), data.get("passed", 0))
+
+
+@dataclass
 class SubmissionResult:
     name: str
     path: str
@@ -102,16 +115,23 @@ class SubmissionResult:
     # Wall seconds of each stage it reached in its grading process (load, correctness, timing,
     # kernels): where a slot's time goes (bench/throughput.py sums them).
     stage_s: dict[str, float] = field(default_factory=dict)
+    # The verdict under KernelBench's rules, for a KernelBench problem file (None for a task
+    # of kbench's own format); ``status`` is the verdict under the run's ranking rules.
+    kernelbench: RuleVerdict | None = None
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["status"] = self.status.value
+        if self.kernelbench is not None:
+            data["kernelbench"]["status"] = self.kernelbench.status.value
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> SubmissionResult:
+        kb = data.get("kernelbench")
         return cls(**{**data, "status": Status(data["status"]), "benchmarks": [
-            Benchmark.from_dict(b) for b in data.get("benchmarks", [])]})
+            Benchmark.from_dict(b) for b in data.get("benchmarks", [])],
+            "kernelbench": RuleVerdict.from_dict(kb) if kb else None})
 
 
 @dataclass
@@ -150,6 +170,7 @@ class RunResult:
     run_id: int | None = None  # in the results store
     timing_mode: str = "eager"  # or "graph": CUDA-graph replays, launch overhead left out
     profile: str = "full"  # or "quick" (kbench.grading.options.Rigour): every figure's
+    rules: str = "kbench"  # whose rules ``status`` follows: or "kernelbench"
 
     @property
     def copy_gbps(self) -> float | None:
@@ -158,6 +179,16 @@ class RunResult:
 
     def problem(self, name: str) -> ProblemRun | None:
         return next((p for p in self.problems if p.name == name), None)
+
+    def under_kernelbench(self) -> RunResult | None:
+        """The run with each submission's verdict under KernelBench's rules, for summaries
+        (None where no submission has one). Submissions that failed kbench's rules were not
+        timed: under KernelBench's they may count as correct, never as fast."""
+        if not any(s.kernelbench for s in self.submissions):
+            return None
+        return replace(self, submissions=[
+            replace(s, status=s.kernelbench.status, reason=s.kernelbench.reason)
+            if s.kernelbench else s for s in self.submissions])
 
     def launch_bound(self, problem: ProblemRun) -> set[str]:
         """The problem's sizes (as params_text) whose eager reference took under
@@ -183,7 +214,8 @@ class RunResult:
         notes = [n for n in data.get("notes", []) if n not in own]
         return cls(data["kbench_version"], data["task"], data["seed"], data["started"],
                    data["environment"], problems, subs, list(notes), data.get("run_id"),
-                   data.get("timing_mode", "eager"), data.get("profile", "full"))
+                   data.get("timing_mode", "eager"), data.get("profile", "full"),
+                   data.get("rules", "kbench"))
 
     def to_dict(self) -> dict:
         single = self.problems[0] if len(self.problems) == 1 else None
@@ -197,6 +229,7 @@ class RunResult:
             "copy_gbps": self.copy_gbps,
             "timing_mode": self.timing_mode,
             "profile": self.profile,
+            "rules": self.rules,
             "notes": self.notes + (single.notes if single else []),
             "reference": [asdict(b) for b in single.reference] if single else [],
             "problems": [p.to_dict() for p in self.problems],

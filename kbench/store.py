@@ -306,10 +306,12 @@ class Store:
                             "json(?)) WHERE id = ?", (json.dumps(problems), run_id))
 
     def reusable(self, sha256: str, task_hash: str, kbench_version: str, fingerprint: str,
-                 timing: str, profile: str, require_custom_kernels: bool = False
+                 timing: str, profile: str, require_custom_kernels: bool = False,
+                 rules: tuple[str, float | None, float | None] = ("kbench", None, None)
                  ) -> tuple[int, SubmissionResult] | None:
         """The newest result for the same file, problem (its digest), kbench, machine
-        software, timing mode, profile and custom-kernel policy, if any.
+        software, timing mode, profile, custom-kernel policy and correctness rules (whose,
+        atol, rtol), if any.
 
         Results that kbench, the machine or the problem failed to produce (internal_error,
         environment_error, infrastructure_error, task_error) are never reused, nor correct ones
@@ -327,10 +329,12 @@ class Store:
             "AND json_extract(u.options, '$.timing') = ? "
             "AND coalesce(json_extract(u.options, '$.profile'), 'full') = ? "
             "AND coalesce(json_extract(u.options, '$.require_custom_kernels'), 0) = ? "
+            "AND coalesce(json_extract(u.options, '$.rules'), 'kbench') = ? "
+            "AND json_extract(u.options, '$.atol') IS ? AND json_extract(u.options, '$.rtol') IS ? "
             "ORDER BY r.run_id DESC LIMIT 1",
             (sha256, task_hash, kbench_version, fingerprint, Status.INTERNAL_ERROR.value,
              Status.ENVIRONMENT_ERROR.value, Status.INFRASTRUCTURE_ERROR.value,
-             Status.TASK_ERROR.value, timing, profile, int(require_custom_kernels))
+             Status.TASK_ERROR.value, timing, profile, int(require_custom_kernels), *rules)
         ).fetchone()
         return (row[0], SubmissionResult.from_dict(json.loads(row[1]))) if row else None
 
@@ -350,7 +354,8 @@ class Store:
                          environment=json.loads(row[4]), problems=problems, submissions=subs,
                          notes=json.loads(row[5]), run_id=run_id,
                          timing_mode=json.loads(row[6]).get("timing", "eager"),
-                         profile=json.loads(row[6]).get("profile", "full"))
+                         profile=json.loads(row[6]).get("profile", "full"),
+                         rules=json.loads(row[6]).get("rules", "kbench"))
 
     def problem(self, run_id: int, name: str) -> ProblemRun | None:
         row = self.db.execute("SELECT data FROM problems WHERE run_id = ? AND name = ?",

@@ -1,5 +1,7 @@
 """The trusted side's check of one case (kbench.grading.correctness), with a stand-in context."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -18,6 +20,7 @@ class _Context:
 
     def __init__(self, truth: torch.Tensor) -> None:
         self.truth, self.exact_dtype, self.notes = truth, "float64", []
+        self.task = SimpleNamespace(problem_inputs=False)  # a task of kbench's own format
 
     def expected(self, params, dtype, args):
         if self.exact_dtype == "float64":

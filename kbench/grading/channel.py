@@ -53,7 +53,10 @@ class Channel:
         try:
             raw = self.box.request(request, timeout)
         except SandboxFailure as failure:
-            raise Stop(verdicts.from_fate(failure.fate.value, stage, failure.message)) from None
+            message = failure.message
+            if failure.fate.value == "crashed":
+                message += _last_output(self.box.log_text(4096))
+            raise Stop(verdicts.from_fate(failure.fate.value, stage, message)) from None
         try:
             answer = protocol.decode(raw, request.answers)
         except protocol.BadSamples as exc:
@@ -71,9 +74,11 @@ class Channel:
         return answer
 
     def load(self, sub: Submission, instantiate: bool, class_name: str = "ModelNew",
-             compile: bool = False, stage: str = "load") -> protocol.Loaded:
+             compile: bool = False, stage: str = "load", shared_names: bool = False
+             ) -> protocol.Loaded:
         """Import the file (a build); with ``instantiate``, also build the model the first
-        case runs, whose weights' checksums come back."""
+        case runs, whose weights' checksums come back. ``shared_names``: see
+        kbench.protocol.Load."""
         ctx = self.ctx
         limit = ctx.task.limits.build_s if not instantiate else ctx.task.limits.load_s
         return self.call(protocol.Load(
@@ -81,7 +86,7 @@ class Channel:
             class_name=class_name, device=ctx.device.type,
             reference=str(ctx.task.reference_path),
             model=ctx.load_spec() if instantiate else None, eval_mode=ctx.task.mode == "eval",
-            compile=compile), limit, stage)
+            compile=compile, shared_names=shared_names), limit, stage)
 
     def samples(self, params: Params, rounds: int = 1, keep: bool = False) -> protocol.Samples:
         """One round of timing of one case; the worker draws the inputs from secret seeds
@@ -94,6 +99,12 @@ class Channel:
                                          timing=ctx.timing(rounds), keep=keep),
                            ctx.task.limits.benchmark_s, f"benchmark {params_text(params)}")
         return answer.samples
+
+
+def _last_output(log: str, lines: int = 3) -> str:
+    """A crashed worker's last few lines of output, for its reason."""
+    tail = [line.strip() for line in log.splitlines() if line.strip()][-lines:]
+    return f"; its last output: {' | '.join(tail)}"[:400] if tail else "; it printed nothing"
 
 
 def _safe(name: str) -> str:

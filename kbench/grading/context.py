@@ -123,18 +123,24 @@ class Context:
         """The reference's output on ``args`` (drawn at ``params``), in ``dtype`` and (unless
         not ``exact``) from its float64 copy."""
         spec = self.spec(params, dtype)
-        model = self._model(spec)
-        inputs.bind(self.reference, params)  # a forward may read the module's sizes
-        with torch.no_grad():
-            output, structure = flatten(model(*args))
-            if self.exact_dtype == dtype or not exact:
-                return Expected(output, structure, output)
-            try:
+        output, structure = self.reference_output(spec, args)
+        if self.exact_dtype == dtype or not exact:
+            return Expected(output, structure, output)
+        try:
+            with torch.no_grad():
                 exact_model = self._model(spec, exact=True)
                 exact, _ = flatten(exact_model(*inputs.promoted(args, self.exact_dtype)))
-            except Exception as exc:  # an op without float64, or no room for a float64 copy
-                raise NoExact(exc) from exc
+        except Exception as exc:  # an op without float64, or no room for a float64 copy
+            raise NoExact(exc) from exc
         return Expected(output, structure, exact)
+
+    def reference_output(self, spec: ModelSpec, args: list) -> tuple[list, str]:
+        """The reference instance ``spec`` names, run on ``args`` in its dtype: the output's
+        leaves and structure (kbench.outputs.flatten)."""
+        model = self._model(spec)
+        inputs.bind(self.reference, spec.params)  # a forward may read the module's sizes
+        with torch.no_grad():
+            return flatten(model(*args))
 
     def reference_state(self, spec: ModelSpec) -> dict[str, Any]:
         """A new reference instance's parameters and buffers by name, as built: before any

@@ -15,6 +15,7 @@ from kbench import protocol
 from kbench.cases import Case
 from kbench.compare import compare, fingerprint, identical, needed_scale
 from kbench.discovery import Submission
+from kbench.grading import kernelbench_rules
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context, NoExact
 from kbench.results import SubmissionResult, error_line
@@ -144,6 +145,9 @@ def _judge(ctx: Context, sub: Submission, case: Case, inputs: list, sent: list,
     if not outcome.ok:
         failure = ctx.failure(sub, case)
         failure.update(max_abs_err=outcome.max_abs_err, max_rel_err=outcome.max_rel_err)
+        if kernelbench_rules.applies(ctx):  # named as a cause (kbench.grading.causes)
+            failure["within_kernelbench"] = kernelbench_rules.loosest_passed(
+                out, answer.structure, expected.output, expected.structure, case.dtype)
         raise Stop(Verdict(Status.WRONG_OUTPUT, f"{case.describe()}: {outcome.reason}"),
                    failure)
     caught = None

@@ -17,6 +17,14 @@ class TimingMode(str, Enum):
     GRAPH = "graph"  # CUDA-graph replays of many calls (kbench.worker.timing)
 
 
+class Rules(str, Enum):
+    """Whose correctness rules decide the verdict that ranks (both are reported for
+    KernelBench problem files; kbench.grading.kernelbench_rules)."""
+
+    KBENCH = "kbench"  # many sizes and draws, float64 truth, cheat checks
+    KERNELBENCH = "kernelbench"  # the problem's own sizes and seeds, allclose, 5 trials
+
+
 class Profile(str, Enum):
     FULL = "full"  # every round and sample the task asks for, and the torch.compile baseline
     QUICK = "quick"  # for screening thousands: fewer rounds, samples and fresh processes
@@ -70,6 +78,10 @@ class Options:
     cores: int | None = None  # host cores this process's builds share (None: all of them)
     profile: Profile = Profile.FULL
     require_custom_kernels: bool = False  # flag what runs mostly library kernels (CUDA)
+    rules: Rules = Rules.KBENCH
+    # The tolerance under KernelBench's rules (None: KernelBench's own for the dtype).
+    atol: float | None = None
+    rtol: float | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -84,6 +96,14 @@ class Options:
             object.__setattr__(self, "profile", Profile(self.profile))
         except ValueError:
             raise OptionsError(f"--profile {self.profile}: expected full or quick") from None
+        try:
+            object.__setattr__(self, "rules", Rules(self.rules))
+        except ValueError:
+            raise OptionsError(f"--rules {self.rules}: expected kbench or kernelbench") from None
+        for name in ("atol", "rtol"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < 1:
+                raise OptionsError(f"--{name} {value}: expected a tolerance from 0 to 1")
         object.__setattr__(self, "out_dir", Path(self.out_dir))
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))
         if self.jobs is not None and self.jobs < 1:
@@ -109,12 +129,13 @@ class Options:
         return {"device": self.device.value, "case_indices": self.case_indices,
                 "cuda_arch": self.cuda_arch, "timing": self.timing.value,
                 "untimed": self.untimed, "profile": self.profile.value,
-                "require_custom_kernels": self.require_custom_kernels}
+                "require_custom_kernels": self.require_custom_kernels,
+                "rules": self.rules.value, "atol": self.atol, "rtol": self.rtol}
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data.update(device=self.device.value, timing=self.timing.value,
-                    profile=self.profile.value,
+                    profile=self.profile.value, rules=self.rules.value,
                     out_dir=str(self.out_dir), cache_dir=str(self.cache_dir))
         return data
 

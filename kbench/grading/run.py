@@ -88,7 +88,8 @@ def grade(label: str, plan: Plan, options: Options, executor: Executor, store: S
         earlier = None if force or not options.timed or entry.task is None else \
             store.reusable(sub.sha256, entry.task.digest, __version__, fingerprint,
                            options.timing.value, options.profile.value,
-                           options.require_custom_kernels)
+                           options.require_custom_kernels,
+                           (options.rules.value, options.atol, options.rtol))
         if earlier is None:
             todo.append(Job.make(entry.path, entry.name, sub, options))
             continue

@@ -10,13 +10,15 @@ import traceback
 
 from kbench import backends, sandbox, scan
 from kbench.discovery import Submission
-from kbench.grading import building, correctness, custom_kernels, rounds, weights
+from kbench.grading import building, causes, correctness, custom_kernels, rounds, weights
+from kbench.grading import kernelbench_rules as kb_rules
 from kbench.grading.building import Built
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
+from kbench.grading.options import Rules
 from kbench.grading.reference_pool import ReferencePool
 from kbench.grading.watch import Watcher, tampered
-from kbench.results import Benchmark, SubmissionResult
+from kbench.results import Benchmark, RuleVerdict, SubmissionResult
 from kbench.task import Params
 from kbench.verdict import Status, Verdict
 
@@ -39,7 +41,8 @@ class Slot:
         source = sub.path.read_text(errors="replace")
         result = SubmissionResult(
             name=sub.name, path=str(sub.path), sha256=sub.sha256,
-            status=Status.OK, cases_total=len(ctx.cases), flags=scan.flags(source),
+            status=Status.OK, flags=scan.flags(source),
+            cases_total=kb_rules.TRIALS if _kernelbench_ranks(ctx) else len(ctx.cases),
             build_s=round(built.seconds, 2), logs=[str(ctx.logs / f"{sub.log_name}.build.log")],
             problem=ctx.task.name, backend=backends.for_source(source).name)
         self.upcoming = upcoming
@@ -63,6 +66,11 @@ class Slot:
             except Exception as exc:  # a kbench bug must not end the run or blame the submission
                 traceback.print_exc()
                 verdict = Verdict(Status.INTERNAL_ERROR, f"kbench failed: {exc!r}")
+        elif kb_rules.applies(ctx) and built.verdict is None:  # failed as it loaded
+            verdict = self._unloaded(sub, result, verdict)
+        verdict = causes.named(ctx, result, verdict)
+        if kb_rules.applies(ctx) and result.kernelbench is None:
+            result.kernelbench = RuleVerdict(verdict.status, verdict.reason)
         self._prestart()
         finding = changed()
         if finding.lines:  # the next worker may have imported what was changed
@@ -85,18 +93,28 @@ class Slot:
              reference: list[Benchmark]) -> None:
         ctx = self.ctx
         lap = _Laps(result)
+        kernelbench = _kernelbench_ranks(ctx)
         with Channel(ctx, f"{sub.log_name}.run.log", building.env(ctx, sub)) as channel:
-            differ = weights.differing(ctx, channel.load(sub, instantiate=True).weights)
-            lap("load")
             try:
-                returned = correctness.check(ctx, channel, sub, result)
+                loaded = channel.load(sub, instantiate=True, shared_names=kernelbench)
             except Stop as stop:
-                if differ and stop.verdict.status is Status.WRONG_OUTPUT:
-                    stop.verdict = Verdict(Status.WRONG_OUTPUT,
-                                           weights.explained(stop.verdict.reason, differ))
+                if kb_rules.applies(ctx):
+                    result.kernelbench = kb_rules.judge(
+                        ctx, None, sub, lambda: self._fresh(sub, result), stop.verdict)
                 raise
-            correctness.recheck(ctx, sub, returned)
-            lap("correctness")
+            differ = weights.differing(ctx, loaded.weights)
+            lap("load")
+            if kb_rules.applies(ctx):
+                self._kernelbench(sub, result, channel, differ, ranks=kernelbench)
+                lap("kernelbench")
+            if not kernelbench:
+                try:
+                    returned = correctness.check(ctx, channel, sub, result)
+                except Stop as stop:
+                    stop.verdict = _explained(stop.verdict, differ)
+                    raise
+                correctness.recheck(ctx, sub, returned)
+                lap("correctness")
             if ctx.options.timed:
                 rounds.time_submission(ctx, channel, result, reference, self.pool,
                                        lambda r: self._round_channel(sub, r, result))
@@ -108,6 +126,33 @@ class Slot:
                                               ctx.options.require_custom_kernels):
                 custom_kernels.measure(ctx, channel, result, _profiled_sizes(ctx, reference))
                 lap("kernels")
+
+    def _unloaded(self, sub: Submission, result: SubmissionResult, verdict: Verdict) -> Verdict:
+        """KernelBench's verdict on a submission that failed as it loaded (on one of the
+        problem file's names, say), into ``result``; the verdict that ranks."""
+        judged = kb_rules.judge(self.ctx, None, sub, lambda: self._fresh(sub, result), verdict)
+        result.kernelbench = judged
+        return Verdict(judged.status, judged.reason) if _kernelbench_ranks(self.ctx) else verdict
+
+    def _kernelbench(self, sub: Submission, result: SubmissionResult, channel: Channel,
+                     differ: list[str], ranks: bool) -> None:
+        """The verdict under KernelBench's rules, into ``result``; a Stop where it ranks
+        (``ranks``) and fails, or where it ended the worker (kbench's cases at the same
+        sizes would fail the same way)."""
+        judged = kb_rules.judge(self.ctx, channel, sub, lambda: self._fresh(sub, result))
+        verdict = _explained(Verdict(judged.status, judged.reason), differ)
+        result.kernelbench = RuleVerdict(verdict.status, verdict.reason, judged.passed)
+        if ranks:
+            result.cases_passed, result.cases_total = judged.passed, kb_rules.TRIALS
+        if verdict.status is not Status.OK and (ranks or
+                                                verdict.status in kb_rules.ENDS_WORKER):
+            raise Stop(verdict)
+
+    def _fresh(self, sub: Submission, result: SubmissionResult) -> Channel:
+        """Another worker for the submission (KernelBench's rules, in a shared namespace)."""
+        log = f"{sub.log_name}.kernelbench.log"
+        result.logs.append(str(self.ctx.logs / log))
+        return Channel(self.ctx, log, building.env(self.ctx, sub))
 
     def _round_channel(self, sub: Submission, r: int, result: SubmissionResult) -> Channel:
         """A new process for round ``r`` of the submission's launch-bound cases (see
@@ -121,6 +166,19 @@ class Slot:
             channel.close()
             raise
         return channel
+
+
+def _kernelbench_ranks(ctx: Context) -> bool:
+    """--rules kernelbench, for a problem file (a task of kbench's own format has no
+    KernelBench counterpart: kbench's rules judge it)."""
+    return ctx.options.rules is Rules.KERNELBENCH and kb_rules.applies(ctx)
+
+
+def _explained(verdict: Verdict, differ: list[str]) -> Verdict:
+    """A wrong output's reason, with the weights that differ from the reference's named."""
+    if differ and verdict.status is Status.WRONG_OUTPUT:
+        return Verdict(Status.WRONG_OUTPUT, weights.explained(verdict.reason, differ))
+    return verdict
 
 
 def _profiled_sizes(ctx: Context, reference: list[Benchmark]) -> list[Params]:

@@ -77,7 +77,8 @@ class Worker:
             module = self.reference
         else:
             try:
-                module = problem.load_file(r.path, r.module_name)
+                module = problem.load_file(r.path, r.module_name, vars(self.reference)
+                                           if r.shared_names else None)
             except BaseException as exc:  # SystemExit at import is the submission's failure too
                 return _error("import", exc)
         self.module = module

@@ -1,0 +1,103 @@
+"""KernelBench's verdict beside kbench's: each cause named in kbench's reason, the verdict under
+KernelBench's rules recorded (results.json, results.csv, the summary), and --rules kernelbench
+with another tolerance ranking by it. Problems and submissions in tests/fixtures/kb_rules."""
+
+import csv
+
+import pytest
+import torch
+from conftest import FIXTURES, by_name, grade
+
+from kbench import cli
+from kbench.grading import causes, kernelbench_rules
+from kbench.verdict import Status, Verdict
+
+KB = FIXTURES / "kb_rules"
+ARGS = [str(KB / "subs"), "--task", str(KB / "problems"), "--device", "cpu", "--no-timing",
+        "--seed", "7"]
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory, cache_dir):
+    out = tmp_path_factory.mktemp("kb_rules") / "reports"
+    code, results = grade(ARGS, out, cache_dir)
+    assert code == 0
+    return out, results
+
+
+@pytest.mark.parametrize("name, status, cause, kb_status, kb_words", [
+    ("gelu/erf", "ok", "", "ok", ""),
+    ("gelu/tanh", "wrong_output",
+     "[beyond kbench's tolerance, within KernelBench v0's atol=rtol=0.01]",
+     "wrong_output", "values beyond atol=rtol=0.0001"),
+    ("head_sum/whole_tiles", "wrong_output",
+     "[correct at the problem's own sizes (8x64) under KernelBench's rules; the first size "
+     "that fails is", "ok", ""),
+    ("clamp_named/uses_problem_names", "runtime_error",
+     "[`low` is defined by the problem file, not by the submission: kbench runs them apart",
+     "ok", ""),
+    ("exits/exits", "crashed",
+     "mid-request; its last output: launching the doubling kernel, grid 8x1", "crashed",
+     "its last output: launching the doubling kernel"),
+])
+def test_each_cause_is_named_and_kernelbench_s_verdict_stands_beside(both, name, status, cause,
+                                                                    kb_status, kb_words):
+    sub = by_name(both[1])[name]
+    assert (sub["status"], sub["kernelbench"]["status"]) == (status, kb_status), sub["reason"]
+    assert cause in sub["reason"]
+    assert kb_words in sub["kernelbench"]["reason"]
+
+
+def test_both_verdicts_reach_the_csv_and_the_summary(both):
+    out, results = both
+    assert results["rules"] == "kbench"
+    rows = {r["submission"]: r for r in csv.DictReader((out / "results.csv").open())}
+    assert rows["head_sum/whole_tiles"]["status"] == "wrong_output"
+    assert rows["head_sum/whole_tiles"]["kernelbench_status"] == "ok"
+    board = (out / "leaderboard.md").read_text()
+    assert "- correct: 1/4 problems (25%)" in board
+    assert "under KernelBench's rules (do not rank this run" in board
+    assert "correct 3/4 problems (75%)" in board
+
+
+def test_kernelbench_rules_rank_at_the_tolerance_asked_for(tmp_path, cache_dir):
+    code, results = grade([*ARGS, "--rules", "kernelbench", "--atol", "1e-2"],
+                          tmp_path / "reports", cache_dir)
+    assert code == 0 and results["rules"] == "kernelbench"
+    subs = by_name(results)
+    for name in ("gelu/erf", "gelu/tanh", "head_sum/whole_tiles",
+                 "clamp_named/uses_problem_names"):
+        assert subs[name]["status"] == "ok", subs[name]["reason"]
+        assert (subs[name]["cases_passed"], subs[name]["cases_total"]) == (5, 5)
+    assert subs["exits/exits"]["status"] == "crashed"
+
+
+def test_trial_seeds_follow_kernelbench_s_draws():
+    with torch.random.fork_rng():
+        torch.manual_seed(42)
+        theirs = [torch.randint(0, 2**32 - 1, (1,)).item() for _ in range(5)]
+    assert kernelbench_rules.trial_seeds() == theirs
+
+
+def test_the_comparison_is_torch_allclose_after_a_shape_check():
+    tol = kernelbench_rules.Tolerance(1e-4, 1e-4)
+    ref = torch.tensor([1.0, -2.0, float("inf"), 0.0])
+    for out in (ref.clone(), ref + torch.tensor([1e-4, -2e-4, 0.0, 5e-5]),
+                ref + torch.tensor([3e-4, 0.0, 0.0, 0.0]), ref * float("nan")):
+        failure = kernelbench_rules.allclose_failure([out], "tensor", [ref], "tensor", tol)
+        assert (failure is None) == torch.allclose(ref, out, atol=1e-4, rtol=1e-4), out
+    assert "output shape (3,), expected (4,)" in kernelbench_rules.allclose_failure(
+        [ref[:3]], "tensor", [ref], "tensor", tol)
+
+
+def test_a_build_error_from_a_removed_torch_api_names_the_installed_torch():
+    removed = Verdict(Status.BUILD_ERROR, 'main.cu(12): error: no suitable conversion function '
+                      'from "c10::DeprecatedTypeProperties" to "c10::ScalarType" exists')
+    assert f"torch {torch.__version__} does not have" in causes._torch_api(removed)
+    own = Verdict(Status.BUILD_ERROR, "main.cu(3): error: identifier \"blockDimx\" is undefined")
+    assert causes._torch_api(own) is None
+
+
+def test_a_tolerance_out_of_range_is_refused(tmp_path, capsys):
+    assert cli.main(["grade", *ARGS, "--atol", "-1", "--out", str(tmp_path)]) != 0
+    assert "--atol -1.0: expected a tolerance from 0 to 1" in capsys.readouterr().err
