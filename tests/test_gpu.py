@@ -154,6 +154,19 @@ def test_tilelang_graded_its_kernel_its_own_its_compile_error_quoted(tmp_path, c
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("cutlass"), reason="needs CuTe DSL")
+def test_cute_dsl_l2norm_graded_ok_its_kernels_its_own(tmp_path, cache_dir):
+    # 3 x 40001 is past the one-pass limit (32768 elements a row): the split path is checked too.
+    shapes = [[1, 1], [7, 33], [4, 1000], [16, 1024], [2, 3000], [3, 40001]]
+    task = quick_task(tmp_path, **{"limits.host_memory_gib": 16,
+                                   "correctness.fixed_shapes": shapes})
+    code, results = grade([str(ROOT / "kbench" / "submissions" / "l2norm_cute.py"),
+                           "--task", str(task), "--profile", "quick"], tmp_path / "out", cache_dir)
+    sub = by_name(results)["l2norm_cute"]
+    assert code == 0 and sub["status"] == "ok" and sub["speedup"] > 0, sub["reason"]
+    assert sub["backend"] == "cute_dsl" and sub["custom_share"] >= 0.9, sub["kernels"]
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("cutlass"), reason="needs CuTe DSL")
 def test_a_cute_dsl_compile_error_is_a_build_error_quoting_it(tmp_path, cache_dir):
     task = quick_task(tmp_path, **{"limits.host_memory_gib": 16})
     code, results = grade([str(FIXTURES / "dsl_gpu" / "l2norm_cute_compile_error.py"),
