@@ -291,6 +291,10 @@ def kbench_run(figures: Figures, work: Path, samples: list[Sample], options: lis
     run = json.loads(report.read_text()) if report.exists() else {}
     subs = run.get("submissions", [])
     figures.samples, figures.verdicts = len(subs), dict(Counter(s["status"] for s in subs))
+    ruled = Counter(s["kernelbench"]["status"] for s in subs if s.get("kernelbench"))
+    if ruled:
+        figures.notes.append("verdicts under KernelBench's rules: "
+                             + ", ".join(f"{k} {v}" for k, v in sorted(ruled.items())))
     stages: dict[str, list[float]] = {}
     for sub in subs:
         for stage, seconds in [("build", sub.get("build_s")), *(sub.get("stage_s") or {}).items()]:
