@@ -82,7 +82,8 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
 
     settings = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch,
                 "timing": args.timing, "untimed": args.no_timing, "profile": args.profile,
-                "require_custom_kernels": args.require_custom_kernels}
+                "require_custom_kernels": args.require_custom_kernels,
+                "include_degenerate": args.include_degenerate}
     seed, run_id = args.seed, None
     unfinished = store.unfinished_run(label)
     if args.resume:
@@ -111,7 +112,8 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
                           timing=settings.get("timing", "eager"),
                           untimed=settings.get("untimed", False),
                           profile=settings.get("profile", "full"),
-                          require_custom_kernels=settings.get("require_custom_kernels", False))
+                          require_custom_kernels=settings.get("require_custom_kernels", False),
+                          include_degenerate=settings.get("include_degenerate", False))
     except OptionsError as exc:
         return fail(str(exc))
     resuming = f", resuming run {run_id}" if run_id else ""

@@ -61,6 +61,9 @@ class Context:
     say: Say
     model_seed: int  # every model instance of the run is built under it (same weights)
     notes: list[str] = field(default_factory=list)  # what screening found or decided
+    # Why the problem's output tells kernels apart poorly (kbench.grading.screen); graded all
+    # the same, and left out of fast_p and the geometric mean unless --include-degenerate.
+    degenerate: list[str] = field(default_factory=list)
     exact_dtype: str = "float64"  # "float32" where an op of the reference has no float64
     _models: dict[str, Any] = field(default_factory=dict, repr=False)
 

@@ -70,6 +70,7 @@ class Options:
     cores: int | None = None  # host cores this process's builds share (None: all of them)
     profile: Profile = Profile.FULL
     require_custom_kernels: bool = False  # flag what runs mostly library kernels (CUDA)
+    include_degenerate: bool = False  # degenerate problems count in fast_p and the geomean
 
     def __post_init__(self) -> None:
         try:
@@ -109,7 +110,8 @@ class Options:
         return {"device": self.device.value, "case_indices": self.case_indices,
                 "cuda_arch": self.cuda_arch, "timing": self.timing.value,
                 "untimed": self.untimed, "profile": self.profile.value,
-                "require_custom_kernels": self.require_custom_kernels}
+                "require_custom_kernels": self.require_custom_kernels,
+                "include_degenerate": self.include_degenerate}
 
     def to_dict(self) -> dict:
         data = asdict(self)
