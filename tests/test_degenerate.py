@@ -114,3 +114,47 @@ def test_a_problem_whose_submissions_were_all_skipped_is_not_counted_as_not_corr
     assert f"title='{why}'><span class='v skipped'>skipped</span>" in page
     one_tried = summarise(_run([_sub("c", Status.SKIPPED), _sub("c", Status.WRONG_OUTPUT)]))
     assert (one_tried.problems, one_tried.skipped, one_tried.correct) == (1, 0, 0)
+
+
+_LAYERNORM = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.norm = nn.LayerNorm(features)
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+batch_size = 8
+features = 16
+
+
+def get_inputs():
+    return [torch.randn(batch_size, features)]
+
+
+def get_init_inputs():
+    return [features]
+'''
+
+
+def test_parameters_that_no_seed_changes_do_not_make_a_problem_degenerate(tmp_path):
+    # LayerNorm's weight and bias start as ones and zeros whatever the seed: the probe of
+    # another seed cannot tell whether the output depends on them, so it says nothing.
+    from kbench.grading.context import Context
+    from kbench.grading.options import Options
+    from kbench.grading.screen import screen
+    from kbench.problems.load import load_task
+    from kbench.toolchain import Toolchain
+
+    path = tmp_path / "layernorm.py"
+    path.write_text(_LAYERNORM)
+    options = Options(device="cpu", out_dir=tmp_path / "out", cache_dir=tmp_path / "cache",
+                      jobs=1, seed=3)
+    ctx = Context.create(load_task(str(path)), options, Toolchain(None, None, "9.0"))
+    screen(ctx)
+    assert ctx.degenerate == [] and ctx.cases

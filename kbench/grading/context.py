@@ -145,6 +145,10 @@ class Context:
         return inputs.build(self.reference.Model, spec.init_args, spec.seed, self.device,
                             spec.dtype, self.task.mode == "eval").state_dict()
 
+    def model(self, spec: ModelSpec) -> Any:
+        """The reference instance ``spec`` names, as expected outputs come from."""
+        return self._model(spec)
+
     def _model(self, spec: ModelSpec, exact: bool = False) -> Any:
         """The reference instance ``spec`` names (built under its seed), or its copy in the
         exact dtype; the latest few are kept."""

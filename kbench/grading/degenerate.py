@@ -63,9 +63,9 @@ def _other_weights(ctx: Context, case: Case, args: list) -> list | None:
     try:
         model = inputs.build(ctx.reference.Model, spec.init_args, spec.seed ^ _OTHER,
                              ctx.device, case.dtype, ctx.task.mode == "eval")
-        mine = ctx.reference_state(spec)
-        named = dict(model.named_parameters())
-        if all(identical(p.detach(), mine[name]) for name, p in named.items()):
+        mine = dict(ctx.model(spec).named_parameters())
+        if all(identical(p.detach(), mine[name].detach())
+               for name, p in model.named_parameters()):
             return None
         inputs.bind(ctx.reference, case.params)
         with torch.no_grad():
