@@ -263,8 +263,8 @@ def _stored_problems(out: Path | None) -> dict[str, tuple[int, ProblemRun]]:
 
 
 def _degenerate(problem: Problem, stored: dict[str, tuple[int, ProblemRun]]) -> str:
-    """" - degenerate ..." where the problem's newest stored record, of the same file, says so;
-    a problem file changed since is said to be."""
+    """What kbench list adds to a problem's line where its newest stored record (of the same
+    file) called it degenerate: the run, the reason, and whether the file changed since."""
     from kbench.task import digest
 
     run_id, record = stored.get(problem.name, (None, None))
