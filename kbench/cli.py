@@ -16,6 +16,8 @@ from kbench import __version__, grade_command, paths
 from kbench.grade_command import fail, render
 
 if TYPE_CHECKING:  # imported lazily at run time: `kbench --help` stays fast
+    from kbench.discovery import Problem
+    from kbench.results import ProblemRun
     from kbench.store import Store
 
 
@@ -87,6 +89,10 @@ def _grade_parser(sub) -> None:
                        "16-bit; its v0 used 1e-2)")
     grade.add_argument("--rtol", type=float, help="relative tolerance under KernelBench's "
                        "rules (default: as --atol)")
+    grade.add_argument("--include-degenerate", action="store_true",
+                       help="count degenerate problems (output of rounding noise, constant, or "
+                       "independent of its inputs or weights: graded all the same) in fast_p "
+                       "and the geometric mean; by default they are counted apart")
     grade.add_argument("--resume", action="store_true", help="finish the newest interrupted "
                        "run of this task in --out: same seed and options, only what is missing")
     grade.add_argument("--force", action="store_true", help="grade again even files whose "
@@ -156,6 +162,7 @@ def _machine_parsers(sub) -> None:
                              "submissions")
     listing.add_argument("--task", help="a task, problem file or folder of problems (default: "
                          "the bundled tasks/)")
+    _out_option(listing)
     listing.set_defaults(handler=_list)
 
     new = sub.add_parser("new", help="write a load_inline skeleton submission to fill in, "
@@ -242,14 +249,43 @@ def _list(args: argparse.Namespace) -> int:
         return fail(str(exc))
     where = paths.tasks_dir() if args.task is None else Path(args.task)
     print(f"problems in {where} ({len(problems)}):")
+    stored = _stored_problems(args.out)
     for problem in problems:
-        print(f"  {problem.name}  ({problem.path.name})")
+        print(f"  {problem.name}  ({problem.path.name})" + _degenerate(problem, stored))
     if args.task is None:
         print(f"submissions ({paths.submissions_dir()}):")
         for path in sorted(paths.submissions_dir().glob("*.py")):
             doc = _first_doc_line(path)
             print(f"  {path.stem}" + (f"  - {doc}" if doc else ""))
     return 0
+
+
+def _stored_problems(out: Path | None) -> dict[str, tuple[int, ProblemRun]]:
+    """The newest stored record of each problem in the results store in ``out``, if there
+    is one (kbench list does not screen: it says what the latest grading found)."""
+    from kbench.store import StoreError
+
+    try:
+        store, _ = _open_store(out)
+        return store.latest_problems()
+    except (StoreError, FileNotFoundError):
+        return {}
+
+
+def _degenerate(problem: Problem, stored: dict[str, tuple[int, ProblemRun]]) -> str:
+    """What kbench list adds to a problem's line where its newest stored record (of the same
+    file) called it degenerate: the run, the reason, and whether the file changed since."""
+    from kbench.task import digest
+
+    run_id, record = stored.get(problem.name, (None, None))
+    if record is None or not record.degenerate or \
+            Path(record.path).with_suffix("") != problem.path.resolve().with_suffix(""):
+        return ""
+    files = [problem.path, problem.path.with_suffix(".yaml")]
+    changed = problem.path.suffix == ".py" and \
+        record.digest != digest(*(f for f in files if f.is_file()))
+    return (f"  - degenerate in run {run_id}" + (" (the file changed since)" if changed else "")
+            + f": {record.degenerate}")
 
 
 def _first_doc_line(path: Path) -> str:

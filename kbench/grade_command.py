@@ -83,7 +83,8 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
     settings = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch,
                 "timing": args.timing, "untimed": args.no_timing, "profile": args.profile,
                 "require_custom_kernels": args.require_custom_kernels, "rules": args.rules,
-                "atol": args.atol, "rtol": args.rtol}
+                "atol": args.atol, "rtol": args.rtol,
+                "include_degenerate": args.include_degenerate}
     seed, run_id = args.seed, None
     unfinished = store.unfinished_run(label)
     if args.resume:
@@ -114,7 +115,8 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
                           profile=settings.get("profile", "full"),
                           require_custom_kernels=settings.get("require_custom_kernels", False),
                           rules=settings.get("rules", "kbench"), atol=settings.get("atol"),
-                          rtol=settings.get("rtol"))
+                          rtol=settings.get("rtol"),
+                          include_degenerate=settings.get("include_degenerate", False))
     except OptionsError as exc:
         return fail(str(exc))
     resuming = f", resuming run {run_id}" if run_id else ""

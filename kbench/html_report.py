@@ -11,7 +11,7 @@ from pathlib import Path
 from kbench import charts
 from kbench.grading.options import profile_text
 from kbench.results import Benchmark, ProblemRun, RunResult, SubmissionResult, ms_text
-from kbench.summary import THRESHOLDS, summarise
+from kbench.summary import THRESHOLDS, degenerate_counts, summarise
 from kbench.verdict import Status
 
 _CSS = """
@@ -25,7 +25,8 @@ table.sortable th{cursor:pointer}table.sortable th:after{content:" \\2195";color
 .v{display:inline-block;padding:0 .45em;border-radius:3px;color:#fff;font-size:.85em}
 .ok{background:#2a7d2a}.wrong_output,.flagged{background:#b02a2a}.task_error,
 .environment_error,.internal_error,.infrastructure_error{background:#777}.build_error,
-.runtime_error,.crashed,.timeout,.out_of_memory,.cuda_error{background:#c77a00}
+.runtime_error,.crashed,.timeout,.out_of_memory,.cuda_error,.import_error{background:#c77a00}
+.skipped{background:#5b7fa6}
 .warn{background:#fff4d6;border:1px solid #e0c060;padding:.6em 1em}
 .grid td{padding:1px}.grid .v{width:1.1em;height:1.1em;padding:0}
 figure{margin:.5em 0}svg{max-width:100%;height:auto}p,td{overflow-wrap:anywhere}
@@ -125,15 +126,18 @@ def _batch(run: RunResult) -> str:
     head = "".join(f"<th>p={p:g}</th>" for p in THRESHOLDS)
     geo = f"{s.geomean:.3f}x" if s.geomean else "-"
     grid = "".join(
-        f"<tr><td>{escape(problem.name)}</td><td>"
+        f"<tr><td>{escape(problem.name)}"
+        + (f" <span class=muted title='{escape(problem.degenerate)}'>(degenerate)</span>"
+           if problem.degenerate else "") + "</td><td>"
         + ("".join(f"<span class='v {sub.status.value}' title='{escape(sub.name)}: "
-                   f"{escape(sub.status.value)}'></span> "
+                   f"{escape(sub.status.value)}{_said(sub.reason)}'></span> "
                    for sub in run.submissions if sub.problem == problem.name)
            if not problem.error else
            f"<span class=muted>problem error: {escape(_short(problem.error, 160))}</span>")
         + "</td></tr>" for problem in run.problems)
     return (f"<h2>Summary</h2><p>{s.problems} problems graded ({s.problem_errors} could not "
-            f"be), {s.submissions} submissions; correct on {s.correct}/{s.problems} "
+            f"be{escape(s.apart())}), {s.submissions} submissions; correct on "
+            f"{s.correct}/{s.problems} "
             f"({100 * s.correct_rate:.0f}%); geometric-mean speedup of each problem's best: "
             f"{geo}</p><table><tr><th>fast_p</th>{head}</tr>{table}</table>"
             f"{_figure(charts.fast_p(run))}<h3>Verdicts per problem</h3>"
@@ -150,7 +154,8 @@ def _leaderboard(run: RunResult) -> str:
         rows.append(
             "<tr>" + (f"<td>{escape(sub.problem)}</td>" if many else "")
             + f"<td><a href='#{_anchor(sub)}'>{escape(sub.name)}</a></td>"
-            f"<td data-v='{escape(sub.status.value)}'>{_verdict(sub.status)}</td>"
+            f"<td data-v='{escape(sub.status.value)}' title='{escape(sub.reason)}'>"
+            f"{_verdict(sub.status)}</td>"
             f"<td>{escape(sub.backend or '-')}</td>"
             f"<td class=num data-v='{sub.speedup or 0}'>{_x(sub.speedup, sub.speedup_ci)}</td>"
             f"<td class=num data-v='{low or 0}'>{f'{low:.3f}x' if low else '-'}</td>"
@@ -177,6 +182,9 @@ def _problem(run: RunResult, problem: ProblemRun, subs: list[SubmissionResult],
         return out[0] + f"<p><b>Problem error</b>: {escape(problem.error)}</p>"
     if problem.notes:
         out.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in problem.notes) + "</ul>")
+    if problem.degenerate:
+        out.append(f"<p class=warn><b>Degenerate</b> ({escape(degenerate_counts(run))}): "
+                   f"{escape(problem.degenerate)}</p>")
     device = str(run.environment.get("device_name", ""))
     out.append(_reference(problem))
     if drawn:
@@ -257,6 +265,11 @@ def _x(value: float | None, ci: list[float] | None) -> str:
         return "-"
     return f"{value:.3f}x" + (f" <span class=muted>({ci[0]:.3g}-{ci[1]:.3g})</span>"
                               if ci else "")
+
+
+def _said(reason: str) -> str:
+    """A verdict's reason after its name in a tooltip (escaped)."""
+    return escape(f" - {_short(reason, 160)}") if reason else ""
 
 
 def _short(text: str, limit: int) -> str:

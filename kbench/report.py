@@ -22,7 +22,7 @@ from kbench.results import (
     ms_text,
     params_text,
 )
-from kbench.summary import THRESHOLDS, summarise
+from kbench.summary import THRESHOLDS, degenerate_counts, summarise
 from kbench.verdict import Status
 
 _CLOCK = {
@@ -119,6 +119,8 @@ def _problem(run: RunResult, problem: ProblemRun, subs: list[SubmissionResult],
         return lines + ["", f"**Problem error** (its {len(subs)} submission(s) are "
                         f"task_error): {problem.error}"]
     lines += [""] + [f"- note: {note}" for note in problem.notes] if problem.notes else []
+    if problem.degenerate:
+        lines += ["", f"**Degenerate** ({degenerate_counts(run)}): {problem.degenerate}"]
     if problem.reference:
         lines += ["", f"{level} Reference", "", _reference_table(problem, run.copy_gbps,
                                                                  _device(run), shape_name)]
@@ -147,7 +149,7 @@ def _summary(run: RunResult) -> list[str]:
     s = summarise(run)
     share = " | ".join
     lines = [f"{s.problems} problem(s) graded ({s.problem_errors} more could not be: problem "
-             f"error), {s.submissions} submission(s): "
+             f"error{s.apart()}), {s.submissions} submission(s): "
              + ", ".join(f"{n} {v}" for v, n in sorted(s.counts.items())),
              f"- correct: {s.correct}/{s.problems} problems ({100 * s.correct_rate:.0f}%); "
              "geometric-mean speedup of each problem's best: "

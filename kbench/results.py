@@ -137,7 +137,9 @@ class SubmissionResult:
 @dataclass
 class ProblemRun:
     """One problem in a run: what screening decided (notes) or why it cannot be graded
-    (error), and its reference table."""
+    (error), and its reference table. ``degenerate``: why its output tells kernels apart
+    poorly (rounding noise, constant, independent of its inputs or weights); it is graded,
+    and left out of fast_p and the geometric mean unless the run includes degenerate ones."""
 
     name: str
     path: str
@@ -146,6 +148,7 @@ class ProblemRun:
     notes: list[str] = field(default_factory=list)
     reference: list[Benchmark] = field(default_factory=list)
     copy_gbps: float | None = None  # device-to-device copy, measured in the same run
+    degenerate: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -171,6 +174,7 @@ class RunResult:
     timing_mode: str = "eager"  # or "graph": CUDA-graph replays, launch overhead left out
     profile: str = "full"  # or "quick" (kbench.grading.options.Rigour): every figure's
     rules: str = "kbench"  # whose rules ``status`` follows: or "kernelbench"
+    include_degenerate: bool = False  # degenerate problems count in fast_p and the geomean
 
     @property
     def copy_gbps(self) -> float | None:
@@ -215,7 +219,8 @@ class RunResult:
         return cls(data["kbench_version"], data["task"], data["seed"], data["started"],
                    data["environment"], problems, subs, list(notes), data.get("run_id"),
                    data.get("timing_mode", "eager"), data.get("profile", "full"),
-                   data.get("rules", "kbench"))
+                   data.get("rules", "kbench"),
+                   data.get("include_degenerate", False))
 
     def to_dict(self) -> dict:
         single = self.problems[0] if len(self.problems) == 1 else None
@@ -230,6 +235,7 @@ class RunResult:
             "timing_mode": self.timing_mode,
             "profile": self.profile,
             "rules": self.rules,
+            "include_degenerate": self.include_degenerate,
             "notes": self.notes + (single.notes if single else []),
             "reference": [asdict(b) for b in single.reference] if single else [],
             "problems": [p.to_dict() for p in self.problems],

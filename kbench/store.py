@@ -355,7 +355,16 @@ class Store:
                          notes=json.loads(row[5]), run_id=run_id,
                          timing_mode=json.loads(row[6]).get("timing", "eager"),
                          profile=json.loads(row[6]).get("profile", "full"),
-                         rules=json.loads(row[6]).get("rules", "kbench"))
+                         rules=json.loads(row[6]).get("rules", "kbench"),
+                         include_degenerate=json.loads(row[6]).get("include_degenerate",
+                                                                   False))
+
+    def latest_problems(self) -> dict[str, tuple[int, ProblemRun]]:
+        """Each problem's newest stored record, by name, with its run's id."""
+        rows = self.db.execute(
+            "SELECT p.name, p.run_id, p.data FROM problems p WHERE p.run_id = "
+            "(SELECT max(q.run_id) FROM problems q WHERE q.name = p.name)")
+        return {r[0]: (r[1], ProblemRun.from_dict(json.loads(r[2]))) for r in rows}
 
     def problem(self, run_id: int, name: str) -> ProblemRun | None:
         row = self.db.execute("SELECT data FROM problems WHERE run_id = ? AND name = ?",

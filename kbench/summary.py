@@ -7,7 +7,10 @@ share of gradable problems with a correct submission more than p times faster th
 reference, judged on the lower bound of the speedup's 95 % interval: a submission that is
 the reference itself does not count as faster by luck. KernelBench's plain fast_p (on the
 median alone) stands beside it, and the same against torch.compile. Problems that could not
-be graded at all (task_error) are left out of the shares and counted apart.
+be graded at all (task_error), problems whose every submission was skipped (this machine could
+not run them: no verdict on the kernel) and degenerate problems (kbench.results.ProblemRun:
+a lazy kernel may pass them, unless the run includes them) are left out of the shares and
+counted apart.
 """
 
 from __future__ import annotations
@@ -34,10 +37,27 @@ class Summary:
     fast_plain: dict[float, float] = field(default_factory=dict)  # KernelBench's: the median
     fast_compile: dict[float, float] = field(default_factory=dict)  # lower bound, vs compile
     geomean: float | None = None  # of each problem's best speedup (problems with one)
+    degenerate: int = 0  # degenerate problems left out (see the module's doc)
+    skipped: int = 0  # problems whose every submission was skipped
 
     @property
     def correct_rate(self) -> float:
         return self.correct / self.problems if self.problems else 0.0
+
+    def apart(self) -> str:
+        """What else was left out of the shares besides problem errors, as the reports say
+        it ("" when nothing was)."""
+        return "".join([f"; {self.skipped} more with every submission skipped"
+                        if self.skipped else "",
+                        f"; {self.degenerate} more degenerate: graded, but left out of these "
+                        "figures (--include-degenerate counts them)" if self.degenerate else ""])
+
+
+def degenerate_counts(run: RunResult) -> str:
+    """How the run's degenerate problems count, as the reports say it."""
+    if run.include_degenerate:
+        return "graded, and counted in fast_p and the geometric mean (--include-degenerate)"
+    return "graded; left out of fast_p and the geometric mean unless --include-degenerate"
 
 
 def best(subs: list[SubmissionResult]) -> SubmissionResult | None:
@@ -62,15 +82,29 @@ def _by_problem(run: RunResult) -> tuple[dict[str, list[SubmissionResult]], set[
     return by_problem, {p.name for p in run.problems if p.error}
 
 
+def _apart(run: RunResult, by_problem: dict[str, list[SubmissionResult]], broken: set[str]
+           ) -> tuple[set[str], set[str]]:
+    """Problems counted apart besides the broken: those whose every submission was skipped,
+    and (unless the run includes them) the degenerate."""
+    skipped = {name for name, subs in by_problem.items() if name not in broken
+               and all(s.status is Status.SKIPPED for s in subs)}
+    degenerate = set() if run.include_degenerate else \
+        {p.name for p in run.problems if p.degenerate} & set(by_problem) - broken - skipped
+    return skipped, degenerate
+
+
 def best_per_problem(run: RunResult) -> dict[str, SubmissionResult | None]:
     """Each gradable problem's best correct submission (None where none is correct)."""
     by_problem, broken = _by_problem(run)
-    return {name: best(subs) for name, subs in by_problem.items() if name not in broken}
+    left_out = broken.union(*_apart(run, by_problem, broken))
+    return {name: best(subs) for name, subs in by_problem.items() if name not in left_out}
 
 
 def summarise(run: RunResult) -> Summary:
     by_problem, broken = _by_problem(run)
-    gradable = {name: subs for name, subs in by_problem.items() if name not in broken}
+    skipped, degenerate = _apart(run, by_problem, broken)
+    gradable = {name: subs for name, subs in by_problem.items()
+                if name not in broken | skipped | degenerate}
     ok = [[s for s in subs if s.status is Status.OK] for subs in gradable.values()]
     n = len(gradable)
 
@@ -89,4 +123,5 @@ def summarise(run: RunResult) -> Summary:
         fast_plain=share(lambda w, p: p == 0 or (w.speedup or 0.0) > p),
         fast_compile=share(lambda w, p: p == 0 or _low(w.compile_speedup,
                                                       w.compile_speedup_ci) > p),
-        geomean=geomean(timed) if timed else None)
+        geomean=geomean(timed) if timed else None,
+        degenerate=len(degenerate), skipped=len(skipped))

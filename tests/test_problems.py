@@ -185,7 +185,7 @@ def test_cases_where_the_reference_is_rounding_noise_are_dropped_not_the_problem
     kept = _without_noise(ctx, [entry(0, 0.3), entry(1, 1e12), entry(2, 0.5)])
     assert [case.index for case, _, _ in kept] == [0, 2]
     assert "case 1 dropped" in ctx.notes[0] and "rounding noise" in ctx.notes[0]
-    everything = [entry(0, 1e12), entry(1, 1e9)]  # nothing left: the problem is refused later
+    everything = [entry(0, 1e12), entry(1, 1e9)]  # nothing left: the problem is degenerate
     assert _without_noise(ctx, everything) == everything
 
 

@@ -61,6 +61,9 @@ class Context:
     say: Say
     model_seed: int  # every model instance of the run is built under it (same weights)
     notes: list[str] = field(default_factory=list)  # what screening found or decided
+    # Why the problem's output tells kernels apart poorly (kbench.grading.screen); graded all
+    # the same, and left out of fast_p and the geometric mean unless --include-degenerate.
+    degenerate: list[str] = field(default_factory=list)
     exact_dtype: str = "float64"  # "float32" where an op of the reference has no float64
     _models: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -147,6 +150,10 @@ class Context:
         call (a training-mode BatchNorm's forward updates its running statistics)."""
         return inputs.build(self.reference.Model, spec.init_args, spec.seed, self.device,
                             spec.dtype, self.task.mode == "eval").state_dict()
+
+    def model(self, spec: ModelSpec) -> Any:
+        """The reference instance ``spec`` names, as expected outputs come from."""
+        return self._model(spec)
 
     def _model(self, spec: ModelSpec, exact: bool = False) -> Any:
         """The reference instance ``spec`` names (built under its seed), or its copy in the

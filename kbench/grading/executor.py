@@ -132,7 +132,7 @@ class LocalExecutor:
                          sink)
             return None
         sink.problem(ProblemRun(name=name, path=str(task.path), digest=task.digest,
-                                notes=list(ctx.notes)))
+                                notes=list(ctx.notes), degenerate=_degenerate(ctx)))
         return ctx
 
     def _failed(self, name: str, task_path: str, error: str, jobs: list[Job],
@@ -192,7 +192,7 @@ class LocalExecutor:
                      notes: list[str]) -> ProblemRun:
         return ProblemRun(name=ctx.task.name, path=str(ctx.task.path), digest=ctx.task.digest,
                           notes=list(ctx.notes) + notes, reference=table,
-                          copy_gbps=pool.copy_gbps)
+                          copy_gbps=pool.copy_gbps, degenerate=_degenerate(ctx))
 
     def _reference_at_start(self, pool: ReferencePool, sink: Sink
                             ) -> tuple[list[Benchmark], list[Samples | None],
@@ -214,6 +214,10 @@ class LocalExecutor:
         reference, notes = pool.table(start, None, compiled)
         sink.problem(self._problem_run(ctx, reference, pool, notes))
         return reference, start, compiled
+
+
+def _degenerate(ctx: Context) -> str | None:
+    return "; ".join(ctx.degenerate) or None
 
 
 def _groups(jobs: list[Job]) -> dict[tuple[str, str], list[Job]]:

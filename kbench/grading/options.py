@@ -82,6 +82,7 @@ class Options:
     # The tolerance under KernelBench's rules (None: KernelBench's own for the dtype).
     atol: float | None = None
     rtol: float | None = None
+    include_degenerate: bool = False  # degenerate problems count in fast_p and the geomean
 
     def __post_init__(self) -> None:
         try:
@@ -130,7 +131,8 @@ class Options:
                 "cuda_arch": self.cuda_arch, "timing": self.timing.value,
                 "untimed": self.untimed, "profile": self.profile.value,
                 "require_custom_kernels": self.require_custom_kernels,
-                "rules": self.rules.value, "atol": self.atol, "rtol": self.rtol}
+                "rules": self.rules.value, "atol": self.atol, "rtol": self.rtol,
+                "include_degenerate": self.include_degenerate}
 
     def to_dict(self) -> dict:
         data = asdict(self)

@@ -1,7 +1,9 @@
 """Screening a problem on the run's device before any submission: its reference must run, be
 deterministic and pass its own check, and no case may be passed by what a lazy kernel
 returns. A problem that fails is a ProblemError (reported once; its submissions get
-task_error); what screening decides is said in the context's notes.
+task_error); what screening decides is said in the context's notes. A problem whose output
+tells kernels apart poorly (rounding noise, constant, independent of its inputs or weights) is
+still graded, and called degenerate with the reasons (kbench.grading.degenerate).
 
 Per case, on the trusted side: the reference in the case's dtype on the case's input, the
 same again (determinism), a float64 copy (the exact values), and three lazy outputs: zeros,
@@ -19,6 +21,7 @@ import torch
 
 from kbench.cases import Case
 from kbench.compare import needed_scale
+from kbench.grading import degenerate as probes
 from kbench.grading.context import Context, Expected, NoExact
 from kbench.outputs import Unsupported, as_tensor
 from kbench.problems.trial import TrialError, on_meta
@@ -30,7 +33,8 @@ _LAZY_MARGIN = 2.0
 _OWN_MARGIN = 4.0
 # Where kbench's default tolerance is too tight for the reference's own arithmetic (float32
 # against float64), it is widened to this many times what the reference needs, up to
-# _MAX_WIDEN times (rtol 0.1): beyond that the check would tell little.
+# _MAX_WIDEN times (rtol 0.1): beyond that the check would tell little, and where every case
+# needs more the output is rounding noise: the problem is degenerate, widened all the same.
 _WIDEN = 2.0
 _MAX_WIDEN = 1000.0
 # The reference runs in kbench's own process (on a GPU, beside the processes it starts): a case
@@ -77,6 +81,12 @@ def screen(ctx: Context) -> None:
     for what, indices in degenerate.items():
         if indices:
             ctx.notes.append(_degenerate_note(what, indices, len(ctx.cases)))
+    constant = [lazy.constant_what for _, own, lazy in seen
+                if lazy.constant <= min(widen, _LAZY_MARGIN * _OWN_MARGIN * own)]
+    if ctx.cases and len(constant) == len(seen):
+        ctx.degenerate.append(f"constant over inputs: {constant[0]} passes every case")
+    elif ctx.cases:
+        ctx.degenerate += probes.independence(ctx, ctx.cases[0])
     if ctx.device.type == "cuda":  # the workers need the memory screening held
         torch.cuda.empty_cache()
 
@@ -84,18 +94,21 @@ def screen(ctx: Context) -> None:
 @dataclass(frozen=True)
 class Lazy:
     """The lazy output that comes closest to passing a case: the factor on the case's
-    tolerance under which it would pass, and what it is."""
+    tolerance under which it would pass, and what it is; the same for the closest constant
+    (zeros, or another draw's mean), which no input decides."""
 
     scale: float
     what: str
+    constant: float = math.inf
+    constant_what: str = ""
 
 
 def _without_noise(ctx: Context, seen: list[tuple[Case, float, Lazy]]
                    ) -> list[tuple[Case, float, Lazy]]:
     """Cases where the reference's own result is rounding noise (beyond what kbench would
     widen its default tolerance to: a group of one normalised, a mean of normalised values)
-    are dropped, and said so, while other cases remain; if none remains, _own_check refuses
-    the problem."""
+    are dropped, and said so, while other cases remain; if none remains, _own_check calls the
+    problem degenerate."""
     noisy = [case.index for case, own, _ in seen if own * _WIDEN > _MAX_WIDEN]
     if not ctx.task.default_tolerance or not noisy or len(noisy) == len(seen):
         return seen
@@ -217,8 +230,10 @@ def _lazy_scale(ctx: Context, case: Case, expected: Expected, args: list) -> Laz
         scale = needed_scale([_like(o, e) for o, e in zip(out, expected.output, strict=True)],
                              expected.output, expected.exact, tol)
         del out
+        if make is not passed_through and (not best.constant_what or scale < best.constant):
+            best = replace(best, constant=scale, constant_what=what)
         if not best.what or scale < best.scale:
-            best = Lazy(scale, what)
+            best = replace(best, scale=scale, what=what)
     return best
 
 
@@ -252,11 +267,15 @@ def _own_check(ctx: Context, worst: float) -> float:
         raise ProblemError(f"{ctx.task.path}: the reference fails its own check: its output "
                            f"differs from its float64 self {beyond} the task's tolerance")
     factor = _WIDEN * worst
-    if factor > _MAX_WIDEN:
+    if worst == math.inf:
         raise ProblemError(f"{ctx.task.path}: the reference's own output differs from its "
                            f"float64 self {beyond} kbench's default tolerance, too far to "
                            "widen it (random ops? an output of rounding noise? a task YAML "
                            "can set mode: eval or a tolerance)")
+    if factor > _MAX_WIDEN:
+        ctx.degenerate.append(f"rounding noise: on every case the reference's own output "
+                              f"differs from its float64 self {beyond} kbench's default "
+                              "tolerance; graded at the tolerance its own arithmetic needs")
     ctx.task = replace(ctx.task, tolerance={d: t.scaled(factor)
                                             for d, t in ctx.task.tolerance.items()})
     tol = ctx.task.tolerance[ctx.task.dtypes[0]]
