@@ -16,7 +16,8 @@ from kbench.fingerprint import fingerprint, same_fingerprint
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
 from kbench.grading.options import TimingMode
-from kbench.results import Benchmark, params_text
+from kbench.grading.reference_pool import ReferenceWorker
+from kbench.results import Benchmark, Measurement, params_text
 from kbench.task import Params
 from kbench.verdict import Status, Verdict
 
@@ -30,17 +31,13 @@ _VERIFIED = 8
 # bytes: it skipped work while timed (replayed, cached or left out the computation).
 _MAX_COPY_SHARE = 1.5
 
-# The trusted clock: per case, kbench times this many passes of calls run back to back on its
-# own clock (the best one counts), each pass as many calls as the submission's median says fill
-# _CLOCKED_MS (within 1 and _CLOCKED_MAX_CALLS), so the round trip's noise is small beside it.
-# The submission's median time plus its host dispatch time must explain that pass's time per
-# call, within this share of the median plus this many ms (wider on a CPU, where a pass of warm
-# calls and the cold timed ones differ more). Where the best pass fails, as many passes again
-# are timed and the best of all counts: an honest kernel's excess varies from pass set to pass
-# set (on an H200 at 32768x65535, 4.4 ms a call, one set of 48 went 7 % past the slack with
-# two GPUs busy), a kernel hiding work fails every pass.
-_CLOCKED_PASSES = 3
-_CLOCKED_ROUNDS = 2
+# The trusted clock (see trusted_clock): passes of as many calls as the median says fill
+# _CLOCKED_MS (within 1 and _CLOCKED_MAX_CALLS), so the round trip's noise is small beside
+# them, until one is explained or _CLOCKED_PASSES are spent. The median plus host dispatch
+# must explain a pass's time per call within this share of the median plus this many ms
+# (wider on a CPU, where a pass of warm calls and the cold timed ones differ more), plus what
+# the trusted control shows the host's contention adds at that moment.
+_CLOCKED_PASSES = 6
 _CLOCKED_MS = 20.0
 _CLOCKED_MAX_CALLS = 2000
 _CLOCK_SLACK = {"cuda": (0.15, 0.1), "cpu": (0.5, 1.0)}
@@ -89,59 +86,118 @@ def verify(ctx: Context, channel: Channel, params: Params, kept: list[int]) -> N
     channel.call(protocol.Release(), ctx.task.limits.case_s, stage)
 
 
-def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark) -> None:
+def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark, reference: ReferenceWorker,
+                  index: int) -> None:
     """Time calls on kbench's own clock, where the worker cannot reach: passes of calls back
-    to back on fresh input sets (see kbench.worker.kept.clocked), each call followed by a
-    device-wide synchronisation, no hold, no flush, as one request whose round trip is timed
-    here, less that of the same pass with no call in it. The best pass's time per call (over a
-    second set of passes where the first set fails) must be explained by the submission's
-    median plus its host dispatch time; work hidden from the stopwatch, or a stopwatch
-    tampered with in the worker, shows up as the difference: flagged. The passes' outputs are
-    verified too. Eager mode only: a graph replay's figures leave out the per-call dispatch
-    that such a pass includes."""
-    if ctx.options.timing is not TimingMode.EAGER:
+    to back on fresh input sets (kbench.worker.kept.clocked), each followed by a device-wide
+    synchronisation, no hold, no flush, each pass one request whose round trip is timed here.
+    Work hidden from the stopwatch, or a stopwatch forged in the worker, shows up as time per
+    call the submission's median plus host dispatch do not explain: flagged. The passes'
+    outputs are verified too.
+
+    Two things come from the reference's process, which never loads a candidate (its case
+    ``index``), while the submission is stopped. The baseline: the same pass with no call in
+    it, drawing the same inputs, subtracted from the submission's round trip. Measured in the
+    worker, a submission could make it as long as its real pass (6x for the same math); here
+    it can gain at most the draws' own cost, by forging its input generator, which the
+    verification of outputs and the copy-bandwidth bound confine (docs/security.md). A pass
+    with no subtraction would charge an honest kernel the draws, as long as the call itself
+    for a memory-bound one. And the control: the reference's own pass against its own
+    median, at that moment. What the host's contention adds to an honest call (nvcc on every
+    other core) shows up there too, so each pass is allowed the control's excess, scaled to
+    the submission's time where that is longer (contention that stretches calls); a busy host
+    cannot make an honest kernel look like it hides work, while a kernel that hides work
+    fails every pass unless the control is slowed as much, which a stopped submission cannot
+    do. No control, no clock: a case the reference could not be timed at has no speedup
+    either (kbench.grading.rounds). Eager mode only: a graph replay's figures leave out the
+    per-call dispatch that such a pass includes."""
+    mine, theirs = bench.candidate, bench.reference
+    if ctx.options.timing is not TimingMode.EAGER or theirs is None:
         return
-    mine = bench.candidate
-    calls = min(_CLOCKED_MAX_CALLS, max(1, math.ceil(_CLOCKED_MS / mine.ms)))
-    cuda = ctx.device.type == "cuda"
-    explained = mine.ms + (mine.host_ms or 0.0 if cuda else 0.0)
+    calls, control_calls = _calls(mine.ms), _calls(theirs.ms)
+    explained, control_explained = _explained(ctx, mine), _explained(ctx, theirs)
     share, ms = _CLOCK_SLACK[ctx.device.type]
-    allowed = explained + share * mine.ms + ms
-    best = math.inf
-    for _ in range(_CLOCKED_ROUNDS):
-        best = min([best] + [_clocked_pass(ctx, channel, bench, calls)
-                             for _ in range(_CLOCKED_PASSES)])
-        if best <= allowed:
+    best: tuple[float, float, float] | None = None  # over allowed, ms per call, control's excess
+    for _ in range(_CLOCKED_PASSES):
+        with channel.frozen():
+            control = reference.run(index, lambda ref: _control(ctx, ref, bench.params, calls,
+                                                                control_calls))
+        if control is None:
+            raise Stop(Verdict(Status.INTERNAL_ERROR, f"benchmark {params_text(bench.params)}: "
+                               "kbench's own clock needs the reference's process, which failed "
+                               f"({reference.failure})"))
+        baseline_ms, control_ms = control
+        took = _clocked_pass(ctx, channel, bench, calls, baseline_ms)
+        excess = max(0.0, control_ms - control_explained)
+        allowed = explained + share * mine.ms + ms + excess * max(1.0, explained
+                                                                  / control_explained)
+        if best is None or took - allowed < best[0]:
+            best = (took - allowed, took, excess)
+        if took <= allowed:
             break
-    mine.trusted_ms = best
-    if best > allowed:
+    over, took, excess = best
+    mine.trusted_ms = took
+    if over > 0:
         raise Stop(Verdict(Status.FLAGGED, f"benchmark {params_text(bench.params)}: kbench's "
-                           f"own clock took {best:.4g} ms per call at best in "
-                           f"{_CLOCKED_ROUNDS * _CLOCKED_PASSES} passes; the submission's "
-                           f"timing explains {explained:.4g} ms ({mine.ms:.4g} ms timed + "
-                           "host dispatch): work was hidden from the stopwatch or the "
-                           "stopwatch was tampered with"))
+                           f"own clock took {took:.4g} ms per call at best in "
+                           f"{_CLOCKED_PASSES} passes; the submission's timing explains "
+                           f"{explained:.4g} ms ({mine.ms:.4g} ms timed + host dispatch), and "
+                           f"the host's contention then added {excess:.3g} ms a call to the "
+                           "reference's: work was hidden from the stopwatch or the stopwatch "
+                           "was tampered with"))
 
 
-def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int) -> float:
+def _calls(ms: float) -> int:
+    return min(_CLOCKED_MAX_CALLS, max(1, math.ceil(_CLOCKED_MS / ms)))
+
+
+def _explained(ctx: Context, timed: Measurement) -> float:
+    """Per call, what the stopwatch accounts for: its median, plus the host's dispatch on
+    CUDA (outside the device interval the median is)."""
+    return timed.ms + (timed.host_ms or 0.0 if ctx.device.type == "cuda" else 0.0)
+
+
+def _control(ctx: Context, ref: Channel, params: Params, calls: int, control_calls: int
+             ) -> tuple[float, float]:
+    """On the reference's process: the round trip of an empty pass of ``calls`` (the
+    submission's baseline), and ms per call of a full pass of ``control_calls`` less its own
+    empty pass."""
+    empty = {}
+    for count in dict.fromkeys((calls, control_calls)):  # the control's prepared last
+        _prepare(ctx, ref, params, count)
+        empty[count] = _round_trip(ctx, ref, params, protocol.Clocked(True), count)[0]
+    full = _round_trip(ctx, ref, params, protocol.Clocked(False), control_calls)[0]
+    ref.call(protocol.Release(), ctx.task.limits.case_s, "kbench's own clock")
+    return empty[calls], max(0.0, full - empty[control_calls]) / control_calls
+
+
+def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int,
+                  baseline_ms: float) -> float:
     """One pass of ``calls`` calls, its outputs verified: ms per call on kbench's clock."""
-    stage = f"benchmark {params_text(bench.params)}"
-    limit = ctx.task.limits.benchmark_s
+    _prepare(ctx, channel, bench.params, calls)
+    took, kept = _round_trip(ctx, channel, bench.params, protocol.Clocked(False), calls)
+    verify(ctx, channel, bench.params, kept)
+    return max(0.0, took - baseline_ms) / calls
+
+
+def _prepare(ctx: Context, channel: Channel, params: Params, calls: int) -> None:
     dtype = ctx.task.benchmark_dtype
-    channel.call(protocol.Prepare(params=bench.params, dtype=dtype,
-                                  distribution=ctx.distribution,
-                                  model=ctx.spec(bench.params, dtype), calls=calls),
-                 limit, stage)
-    seconds = []
-    for empty in (True, False):
-        t0 = time.perf_counter()
-        answer = channel.call(protocol.Clocked(empty), limit, stage)
-        seconds.append(time.perf_counter() - t0)
-        if answer.calls != calls:
-            raise Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker's clocked pass "
-                               f"did not run the {calls} calls asked for"))
-    verify(ctx, channel, bench.params, answer.kept)
-    return max(0.0, seconds[1] - seconds[0]) * 1e3 / calls
+    channel.call(protocol.Prepare(params=params, dtype=dtype, distribution=ctx.distribution,
+                                  model=ctx.spec(params, dtype), calls=calls),
+                 ctx.task.limits.benchmark_s, f"benchmark {params_text(params)}")
+
+
+def _round_trip(ctx: Context, channel: Channel, params: Params, request: protocol.Clocked,
+                calls: int) -> tuple[float, list[int]]:
+    """ms from sending a prepared pass to its answer, here, and the calls it kept."""
+    stage = f"benchmark {params_text(params)}"
+    t0 = time.perf_counter()
+    answer = channel.call(request, ctx.task.limits.benchmark_s, stage)
+    took = (time.perf_counter() - t0) * 1e3
+    if answer.calls != calls:
+        raise Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker's clocked pass did "
+                           f"not run the {calls} calls asked for"))
+    return took, answer.kept
 
 
 def ordered(bench: Benchmark) -> None:
