@@ -7,10 +7,10 @@ often with ``--busy`` processes of compiler-like work running (alternately, same
 pair), and prints each submission's verdicts and speedups under both, with any verdict that
 moved and any cheat that ranked above its honest twin.
 
-    # CPU: the cheat fixtures and their honest twin (a task of 32 MiB rows is written)
-    PYTHONPATH=. python bench/under_load.py --runs 3
+    # CPU: the cheat fixtures and their honest twin (a task timed at 2048x4096 is written)
+    python bench/under_load.py --runs 3
     # a GPU host: the bundled CUDA kernels, nvcc loops on every core
-    PYTHONPATH=. python bench/under_load.py kbench/submissions/l2norm_v[3-8].py \\
+    python bench/under_load.py kbench/submissions/l2norm_v[3-8].py \\
         --device cuda --kind nvcc --busy 48 -- --profile quick
 
 Arguments after ``--`` go to ``kbench grade``. Exit status 1 when a verdict moved or a
@@ -25,6 +25,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -56,18 +57,24 @@ _CU_SOURCE = _C_SOURCE.replace("double f", "__device__ double f") + \
 def busy(count: int, kind: str = "spin", nice: int = 0) -> Iterator[list[subprocess.Popen]]:
     """``count`` processes of busy work for the block: ``spin`` (a Python busy loop), ``cc``
     (the host's C compiler in a loop) or ``nvcc`` (CUDA compiles in a loop), at ``nice``.
-    They stay in this process's session, so kbench never takes them for a worker's strays."""
+    Each loop leads a process group of its own, killed whole with the compiler it runs; they
+    stay in this process's session, so kbench never takes them for a worker's strays."""
     folder = Path(tempfile.mkdtemp(prefix="kbench-load-"))
     command = _command(kind, folder)
+
+    def setup() -> None:
+        os.setpgid(0, 0)
+        os.nice(nice)
+
     procs = [subprocess.Popen(command, cwd=folder, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL,
-                              preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                              stderr=subprocess.DEVNULL, preexec_fn=setup)
              for _ in range(count)]
     try:
         yield procs
     finally:
         for proc in procs:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         for proc in procs:
             proc.wait()
         shutil.rmtree(folder, ignore_errors=True)
@@ -111,7 +118,9 @@ def grade(paths: list[str], args: argparse.Namespace, out: Path, cache: Path, se
     command = [sys.executable, "-m", "kbench", "grade", *paths, "--device", args.device,
                "--seed", str(seed), "--out", str(out), "--cache-dir", str(cache),
                *(["--task", str(task)] if task else []), *args.kbench]
-    subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
     results = json.loads((out / "results.json").read_text())
     shutil.rmtree(out)
     return {s["name"]: s for s in results["submissions"]}
@@ -145,7 +154,8 @@ def compare(seen: dict[str, dict[str, list[dict]]]) -> tuple[list[str], list[str
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     usage="%(prog)s [PATH...] [options] [-- kbench options]")
     parser.add_argument("paths", nargs="*", help="default: the CPU cheat fixtures and twin")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--task", help="default on CPU: l2norm cut down, 2048x4096 timed")
@@ -154,10 +164,11 @@ def main() -> int:
                         help="busy processes under load (default: twice the cores)")
     parser.add_argument("--kind", default="spin", help="spin, cc or nvcc")
     parser.add_argument("--nice", type=int, default=0, help="of the busy processes")
-    parser.add_argument("kbench", nargs=argparse.REMAINDER, help="-- then kbench options")
-    args = parser.parse_args()
-    args.kbench = [a for a in args.kbench if a != "--"]
-    paths = args.paths or [str(p) for p in CPU_DEFAULT]
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    args.kbench = argv[cut + 1:]  # for kbench grade
+    paths = [str(Path(p).resolve()) for p in args.paths] or [str(p) for p in CPU_DEFAULT]
     seen: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     with tempfile.TemporaryDirectory(prefix="kbench-under-load-") as scratch:
         scratch_dir = Path(scratch)
