@@ -126,6 +126,14 @@ def grade(paths: list[str], args: argparse.Namespace, out: Path, cache: Path, se
     return {s["name"]: s for s in results["submissions"]}
 
 
+def _figures(sub: dict) -> str:
+    """A result's speedup with its interval, or why it has none, for the per-run lines."""
+    if sub["speedup"]:
+        low, high = sub["speedup_ci"] or (sub["speedup"], sub["speedup"])
+        return f"{sub['speedup']:.3f}x [{low:.3f}-{high:.3f}]"
+    return f"({sub['reason'][:160]})" if sub["reason"] else ""
+
+
 def compare(seen: dict[str, dict[str, list[dict]]]) -> tuple[list[str], list[str]]:
     """Per submission a line of verdicts and speedups at idle and under load; and the
     problems: verdicts that moved, cheats above their twins (the twin's interval top, with
@@ -183,7 +191,8 @@ def main() -> int:
                 for name, sub in subs.items():
                     seen[name][phase].append(sub)
                 print(f"run {run + 1}/{args.runs} {phase} (seed {seed}): " + ", ".join(
-                    f"{n} {s['status']}" for n, s in sorted(subs.items())), flush=True)
+                    f"{n} {s['status']} {_figures(s)}" for n, s in sorted(subs.items())),
+                      flush=True)
     lines, problems = compare(seen)
     print(f"\n{args.busy} busy processes ({args.kind}, nice {args.nice}) on "
           f"{os.cpu_count()} cores; verdicts and speedups per run:")
