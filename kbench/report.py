@@ -176,9 +176,10 @@ def _kernelbench_summary(run: RunResult) -> list[str]:
     s = summarise(kb_run)
     ranks = "rank this run" if run.rules == "kernelbench" else \
         "do not rank this run; what failed kbench's was not timed, so it is never fast here"
+    fast = ("; fast_p on the median: " + ", ".join(
+        f"p={p:g} {100 * s.fast_plain[p]:.1f}%" for p in THRESHOLDS)) if s.geomean else ""
     return [f"- under KernelBench's rules ({ranks}): correct {s.correct}/{s.problems} problems "
-            f"({100 * s.correct_rate:.0f}%); fast_p on the median: "
-            + ", ".join(f"p={p:g} {100 * s.fast_plain[p]:.1f}%" for p in THRESHOLDS)]
+            f"({100 * s.correct_rate:.0f}%){fast}"]
 
 
 def _header(run: RunResult, bound: set[str]) -> list[str]:
