@@ -38,7 +38,6 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 CPU_DEFAULT = [FIXTURES / "cpu_timing" / "l2norm_tampers_stopwatch.py",
-               FIXTURES / "cpu_timing" / "l2norm_pads_empty_pass.py",
                *(FIXTURES / "cpu" / f"l2norm_{n}.py" for n in (
                    "torch_ok", "patches_timer", "slows_reference", "stops_reference"))]
 # Tricks that stay correct, and the honest submission doing the same math: never faster.

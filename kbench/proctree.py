@@ -1,6 +1,6 @@
 """Process trees around kbench's workers: their descendants, the orphans kbench adopts and
-finds as strays, whether every thread is stopped, resident memory, and the sweep that kills
-and reaps what a worker left behind (kbench.sandbox acts on what these find)."""
+finds by a mark or as strays, whether every thread is stopped, resident memory, and the sweep
+that kills and reaps what a worker left behind (kbench.sandbox acts on what these find)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,20 @@ import time
 
 import psutil
 
+MARK = "KBENCH_SANDBOX_MARK"
 _PR_SET_CHILD_SUBREAPER = 36
 _ADOPTING = False
 _EXIT_GRACE_S = 10.0
+
+
+def marked(mark: str) -> list[psutil.Process]:
+    """This process's children with ``mark`` in their environment (zombies have none)."""
+    found = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if child.environ().get(MARK) == mark:
+                found.append(child)
+    return found
 
 
 def descendants(pid: int) -> list[int] | None:
@@ -71,32 +82,16 @@ def stopped(pid: int) -> bool:
 
 
 def strays(since: float, own: set[int]) -> list[psutil.Process]:
-    """What left a worker's tree, whatever its environment says: this process's children
-    (orphans adopted here, kbench being its workers' child subreaper) started at ``since`` or
-    later (psutil's create_time, in clock ticks from boot, not time.time()), not in ``own``,
-    still running and in a session other than this process's, each with all its descendants
-    (a stray that sleeps while its child burns the CPU is found whole). Every worker starts a
-    session of its own and kbench starts nothing else in another session, so a child of
-    another session is a worker's descendant: never a process another thread of kbench ran."""
+    """This process's children started at ``since`` or later (psutil's create_time, which
+    counts in clock ticks from boot, not time.time()) that are not in ``own`` and
+    still run: orphans adopted here (kbench is its workers' child subreaper), whatever their
+    environment says."""
     found = []
-    session = os.getsid(0)
     for child in psutil.Process().children():
-        with contextlib.suppress(psutil.Error, OSError):
-            if child.pid in own or child.create_time() < since or \
-                    os.getsid(child.pid) == session or child.status() == psutil.STATUS_ZOMBIE:
-                continue
-            found += [child, *_below(child)]
-    return found
-
-
-def _below(proc: psutil.Process) -> list[psutil.Process]:
-    pids = descendants(proc.pid)
-    if pids is None:
-        return proc.children(recursive=True)
-    found = []
-    for pid in pids:
         with contextlib.suppress(psutil.Error):
-            found.append(psutil.Process(pid))
+            if child.pid not in own and child.create_time() >= since and \
+                    child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
     return found
 
 
@@ -110,29 +105,30 @@ def adopt_orphans() -> None:
                                                             0) == 0
 
 
-def sweep(since: float, own: set[int], worker: int, descendants: bool) -> list[str]:
-    """Kill the strays a worker started at ``since`` left (see strays), in a few rounds, as
-    one may be forking more; then reap them, and the zombies of the worker's session (its
-    ``descendants``, killed, adopted here as their parents died) and of the strays' sessions.
-    Nothing in this process's own session is reaped: another thread's subprocess must get its
-    own exit status."""
+def sweep(mark: str, worker: int, descendants: bool) -> list[str]:
+    """Kill this process's children that carry ``mark`` in their environment (a worker's
+    descendants that left its tree, adopted here: see adopt_orphans), in a few rounds, as one
+    may be forking more; then reap those, and the zombies of the worker's session (its
+    ``descendants``, killed, adopted here as their parents died). Nothing else is reaped:
+    another thread's subprocess must get its own exit status. One that cleared its
+    environment on exec is not found."""
     swept: list[str] = []
     for _ in range(5):
-        found = [p for p in strays(since, own) if p.pid != worker]
+        found = [p for p in marked(mark) if p.pid != worker]
         if not found:
             break
-        for proc in found:
+        for child in found:
             with contextlib.suppress(psutil.Error):
-                swept.append(f"pid {proc.pid} ({proc.name()})")
-                proc.kill()
-        psutil.wait_procs(found, timeout=_EXIT_GRACE_S)  # the children among them: reaped
-    session = os.getsid(0)
+                swept.append(f"pid {child.pid} ({child.name()})")
+                for proc in [*child.children(recursive=True), child]:
+                    with contextlib.suppress(psutil.Error):
+                        proc.kill()
+        psutil.wait_procs(found, timeout=_EXIT_GRACE_S)  # children: this reaps them
     for _ in range(3 if descendants or swept else 0):
         time.sleep(0.02)  # a killed process's children are adopted as it dies
         for child in psutil.Process().children():
             with contextlib.suppress(psutil.Error, OSError):
-                if child.pid != worker and child.pid not in own and \
-                        child.status() == psutil.STATUS_ZOMBIE and \
-                        child.create_time() >= since and os.getsid(child.pid) != session:
+                if child.pid != worker and child.status() == psutil.STATUS_ZOMBIE \
+                        and os.getsid(child.pid) == worker:
                     os.waitpid(child.pid, os.WNOHANG)
     return swept

@@ -6,9 +6,8 @@ results. Requests and answers travel over a private socket. Every request has a 
 the parent watches the child's exit, its memory and its log size while it waits, and kills
 the whole process tree (group, then any stray descendants found by psutil) on any breach.
 kbench adopts the orphans of its workers' descendants (child subreaper), so one that left the
-tree and its session is still found (kbench.proctree.strays: whatever its environment says)
-and killed with the worker; while the reference is timed, a candidate's processes are
-stopped, every thread of each (``Sandbox.frozen``).
+tree and its session is still found, by a mark in its environment, and killed with the worker;
+while the reference is timed, a candidate's processes are stopped (``Sandbox.frozen``).
 
 Answers are unpickled with an allow-list: tensors (shared memory or CUDA IPC handles) and
 plain data only, so nothing the child sends can make the parent import or run its code.
@@ -21,6 +20,7 @@ import io
 import multiprocessing
 import os
 import pickle
+import secrets
 import shutil
 import signal
 import socket
@@ -41,7 +41,7 @@ import torch.multiprocessing  # noqa: F401  (registers tensor sharing with the p
 from kbench import paths, proctree, protocol
 
 _POLL_S = 0.05
-_STOP_WAIT_S = 10.0  # a thread in a system call stops as it returns; one that does not: killed
+_STOP_WAIT_S = 2.0  # a thread in an uninterruptible call stops when it returns from it
 _LIMITS_S = 0.5  # memory and log checks: a walk of the worker's tree each
 _MAX_MESSAGE = 64 << 20
 _EXIT_GRACE_S = 10.0
@@ -115,8 +115,10 @@ class Sandbox:
                 spare.discard()
             started = _Started(log_path, env)
         _place(started.proc.pid, cpus, nice)
-        self.log_path, self.scratch = started.log_path, started.scratch
-        self.proc, self.conn, self.started = started.proc, started.conn, started.started
+        self.log_path, self.scratch, self.mark = started.log_path, started.scratch, started.mark
+        self.proc, self.conn = started.proc, started.conn
+        # Strays that appear later are this worker's (frozen); on the clock psutil reads.
+        self.started = _created(self.proc.pid)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -200,18 +202,18 @@ class Sandbox:
 
     @contextlib.contextmanager
     def frozen(self) -> Iterator[None]:
-        """The worker's processes stopped (SIGSTOP) meanwhile, strays that left its tree and
-        their descendants too (kbench.proctree.strays): while the reference is timed, none
-        can run, signal it or compete for the host. Stopped in rounds until no new one shows
-        up (a process may fork as it is listed). The block is entered only once every thread
-        of each is seen stopped (a thread still running could stop the reference after it was
-        continued, or take a core from it); one that does not stop within _STOP_WAIT_S (a
-        system call that never returns) gets the worker killed: SandboxFailure."""
+        """The worker's processes stopped (SIGSTOP) meanwhile, those that left its tree too:
+        while the reference is timed, none can run, signal it or compete for the host. Stopped
+        in rounds until no new one shows up (a process may fork as it is listed); strays are
+        found by the mark in their environment and, for one that cleared it, as children this
+        process adopted since the worker started that kbench did not start itself. Not
+        left before every thread of each is seen stopped (a thread still running could stop
+        the reference after it was continued)."""
         stopped: dict[int, psutil.Process] = {}
         try:
             for _ in range(5):
-                new = [p for p in self._tree() + proctree.strays(self.started, _OWN)
-                       if p.pid not in stopped]
+                new = [p for p in self._tree() + proctree.marked(self.mark)
+                       + proctree.strays(self.started, _OWN) if p.pid not in stopped]
                 if not new:
                     break
                 for proc in new:
@@ -219,12 +221,8 @@ class Sandbox:
                         proc.suspend()
                         stopped[proc.pid] = proc
             deadline = time.monotonic() + _STOP_WAIT_S
-            while not all(proctree.stopped(pid) for pid in stopped):
-                if time.monotonic() > deadline:
-                    self.kill()
-                    raise SandboxFailure(Fate.TIMEOUT, f"its processes did not all stop "
-                                         f"within {_STOP_WAIT_S:g} s (kbench stops them while "
-                                         "it times the reference)")
+            while not all(proctree.stopped(pid) for pid in stopped) and \
+                    time.monotonic() < deadline:
                 time.sleep(0.001)
             yield
         finally:
@@ -248,8 +246,7 @@ class Sandbox:
             self.proc.wait(timeout=_EXIT_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
-        if swept := proctree.sweep(self.started, _OWN, self.proc.pid,
-                                   descendants=len(stray) > 1):
+        if swept := proctree.sweep(self.mark, self.proc.pid, descendants=len(stray) > 1):
             with contextlib.suppress(OSError), open(self.log_path, "a") as log:
                 log.write(f"\nkbench: killed what the worker left running after it: "
                           f"{', '.join(swept)}\n")
@@ -288,15 +285,14 @@ class _Started:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         parent_end, child_end = socket.socketpair()
         proctree.adopt_orphans()
+        self.mark = secrets.token_hex(8)  # in the environment of all it starts (proctree.sweep)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kbench.worker", str(child_end.fileno()), str(os.getpid()),
-                 device], cwd=self.scratch, env=env,
+                 device], cwd=self.scratch, env={**env, proctree.MARK: self.mark},
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(child_end.fileno(),), start_new_session=True)
         own(self.proc.pid)
-        # Strays that appear later are this worker's (proctree.strays); psutil's clock.
-        self.started = _created(self.proc.pid)
         child_end.close()
         self.conn = Connection(parent_end.detach())
         self.conn.send_bytes(multiprocessing.current_process().authkey)
@@ -306,7 +302,7 @@ class _Started:
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=_EXIT_GRACE_S)
-        proctree.sweep(self.started, _OWN, self.proc.pid, descendants=True)
+        proctree.sweep(self.mark, self.proc.pid, descendants=True)
         self.conn.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
         self.log_path.unlink(missing_ok=True)

@@ -4,7 +4,6 @@ and every way a request can fail turned into a Stop carrying the verdict it earn
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 from kbench import protocol
 from kbench import verdict as verdicts
@@ -45,20 +44,9 @@ class Channel:
     def close(self) -> None:
         self.box.close()
 
-    @contextlib.contextmanager
-    def frozen(self) -> Iterator[None]:
-        """Its processes stopped meanwhile (kbench.sandbox.Sandbox.frozen); one that cannot be
-        stopped ends its grading."""
-        freeze = self.box.frozen()
-        try:
-            freeze.__enter__()
-        except SandboxFailure as failure:
-            raise Stop(verdicts.from_fate(failure.fate.value, "timing", failure.message)) \
-                from None
-        try:
-            yield
-        finally:
-            freeze.__exit__(None, None, None)
+    def frozen(self) -> contextlib.AbstractContextManager[None]:
+        """Its processes stopped meanwhile (kbench.sandbox.Sandbox.frozen)."""
+        return self.box.frozen()
 
     def call(self, request: protocol.Request, timeout: float, stage: str) -> protocol.Answer:
         """One request and its answer, decoded and checked (kbench.protocol)."""

@@ -4,9 +4,6 @@ on what failed or drifted. No reference process ever loads a candidate."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
-
 import psutil
 import torch
 
@@ -22,8 +19,6 @@ from kbench.verdict import Status, Verdict
 
 # Copy-bandwidth buffers (each of source and destination): far past any cache.
 _COPY_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}
-
-T = TypeVar("T")
 
 
 class ReferenceWorker:
@@ -52,16 +47,10 @@ class ReferenceWorker:
 
     def samples(self, index: int, params: Params, rounds: int = 1) -> Samples | None:
         """One round at benchmark ``index``; None if the reference cannot be timed."""
-        return self.run(index, lambda channel: channel.samples(params, rounds))
-
-    def run(self, index: int, work: Callable[[Channel], T]) -> T | None:
-        """``work`` on this process at benchmark ``index`` (kbench's own clock uses it as its
-        trusted control); None where the reference cannot run that case or failed (then
-        ``failure`` says why and the process is opened again next time)."""
         if self.skips[index] is not None:
             return None
         try:
-            return work(self._open())
+            return self._open().samples(params, rounds)
         except Stop as stop:
             self.failure = stop.verdict.reason
             self.close()

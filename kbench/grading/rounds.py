@@ -72,5 +72,5 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
                              + ("; ".join(sorted(pool.failures())) or "no reason given") + ")")
         integrity.within_copy_bandwidth(bench, pool.copy_gbps)
         integrity.ordered(bench)
-        integrity.trusted_clock(ctx, channel, bench, pool.main, i)
+        integrity.trusted_clock(ctx, channel, bench)
     measurement.add_speedups(result, reference)
