@@ -28,7 +28,7 @@ def build(path: Path, jobs: int, folder: Path
     """Wall seconds of importing ``path`` (its load_inline build), the end of its error output
     where it failed for another reason than the missing GPU, ninja's seconds per output (of
     each extension) and nvcc's seconds per phase (summed over the .cu files)."""
-    from kbench.toolchain import find_toolchain
+    from kbench.host.toolchain import find_toolchain
 
     phases = folder / "nvcc-time.csv"
     env = {**os.environ, **find_toolchain().env(), "TORCH_EXTENSIONS_DIR": str(folder / "ext"),

@@ -30,9 +30,9 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kbench.build import build_dir  # noqa: E402
+from kbench.host.build_dirs import build_dir  # noqa: E402
+from kbench.host.toolchain import find_toolchain  # noqa: E402
 from kbench.reference.l2norm import make_inputs  # noqa: E402
-from kbench.toolchain import find_toolchain  # noqa: E402
 
 SUBS = ["l2norm_v4", "l2norm_v5", "l2norm_v6", "l2norm_v7", "l2norm_v8"]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float64: 1e-12}

@@ -39,9 +39,9 @@ sys.path.insert(0, str(ROOT))
 
 from l2norm_dev import load  # noqa: E402  (bench/, beside this file: kbench's build folder)
 
-from kbench import stats  # noqa: E402
 from kbench.problems.load import load_task  # noqa: E402
 from kbench.reference.l2norm import Model, make_inputs  # noqa: E402
+from kbench.shared import stats  # noqa: E402
 from kbench.worker.timing import measure  # noqa: E402
 
 SUBMISSIONS = [ROOT / "bench" / "submissions" / "l2norm_torch_only.py",

@@ -1,5 +1,5 @@
 import sys
 
-from kbench.cli import main
+from kbench.cli.main import main
 
 sys.exit(main())

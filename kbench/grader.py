@@ -12,7 +12,7 @@ from kbench.grading import run
 from kbench.grading.executor import LocalExecutor
 from kbench.grading.jobs import Executor
 from kbench.grading.options import Device, Options, OptionsError
-from kbench.store import Store
+from kbench.results.store import Store
 
 
 @dataclass(frozen=True)

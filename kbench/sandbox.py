@@ -38,7 +38,8 @@ import psutil
 import torch
 import torch.multiprocessing  # noqa: F401  (registers tensor sharing with the pickler)
 
-from kbench import paths, proctree, protocol
+from kbench.host import paths, proctree
+from kbench.shared import protocol
 
 _POLL_S = 0.05
 _STOP_WAIT_S = 2.0  # a thread in an uninterruptible call stops when it returns from it
@@ -56,7 +57,7 @@ _STORAGE_MODULES = ("torch", "torch.storage")
 
 
 class Fate(str, Enum):
-    """What became of a worker that gave no answer (kbench.verdict turns it into a verdict)."""
+    """What became of a worker that gave no answer (results/verdict.py makes it a verdict)."""
 
     CRASHED = "crashed"  # died, or was killed for flooding its log
     TIMEOUT = "timeout"
@@ -128,7 +129,7 @@ class Sandbox:
 
     def request(self, message: protocol.Request, timeout: float) -> object:
         """Send one request; return the child's answer within ``timeout`` seconds, unpickled
-        with the allow-list but not yet decoded (kbench.protocol.decode does that)."""
+        with the allow-list but not yet decoded (kbench.shared.protocol.decode does that)."""
         with contextlib.suppress(OSError):  # stopped by another worker's SIGSTOP? go on
             os.killpg(self.proc.pid, signal.SIGCONT)
         try:

@@ -10,8 +10,9 @@ import pytest
 import torch
 import yaml
 
-from kbench import cli, paths
-from kbench.toolchain import find_toolchain
+from kbench.cli import main as cli
+from kbench.host import paths
+from kbench.host.toolchain import find_toolchain
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from kbench import backends
 from kbench.grading.jobs import Job
 from kbench.grading.options import Device, Options, OptionsError, TimingMode
-from kbench.toolchain import Toolchain
-from kbench.verdict import Status
+from kbench.host import backends
+from kbench.host.toolchain import Toolchain
+from kbench.results.verdict import Status
 
 CUDA_SOURCE = 'load_inline(name="x", cpp_sources="", cuda_sources="__global__ void k() {}")'
 

@@ -1,6 +1,6 @@
-from kbench.build import build_dir
-from kbench.toolchain import Toolchain
-from kbench.verdict import first_error_line
+from kbench.host.build_dirs import build_dir
+from kbench.host.toolchain import Toolchain
+from kbench.results.verdict import first_error_line
 
 PTXAS = """[1/3] /usr/local/cuda/bin/nvcc -Werror=foo -c cuda.cu -o cuda.cuda.o
 FAILED: cuda.cuda.o

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from kbench.cases import plan_cases, select
+from kbench.problems.cases import plan_cases, select
 from kbench.problems.load import load_task
 
 

@@ -2,11 +2,11 @@ import math
 
 import torch
 
-from kbench import compare as judge
-from kbench.compare import Comparison, compare_values, needed_scale
-from kbench.outputs import Unsupported, flatten
+from kbench.grading import compare as judge
+from kbench.grading.compare import Comparison, compare_values, needed_scale
+from kbench.problems.task import Tolerance
 from kbench.reference import l2norm
-from kbench.task import Tolerance
+from kbench.shared.outputs import Unsupported, flatten
 
 FP32 = Tolerance(rtol=1e-5, atol=1e-5)
 
@@ -17,7 +17,7 @@ def reference(x):
 
 
 def compare(out, expected, exact, tol):
-    """kbench.compare.compare on whole outputs, flattened as the worker does."""
+    """kbench.grading.compare.compare on whole outputs, flattened as the worker does."""
     try:
         leaves, structure = flatten(out)
     except Unsupported as exc:

@@ -5,12 +5,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kbench import protocol
-from kbench.cases import Case
 from kbench.grading import correctness
 from kbench.grading.channel import Stop
 from kbench.grading.context import Expected, NoExact
-from kbench.task import Tolerance
+from kbench.problems.cases import Case
+from kbench.problems.task import Tolerance
+from kbench.shared import protocol
 
 
 class _Context:
@@ -56,7 +56,7 @@ def test_a_float64_reference_that_does_not_fit_falls_back_to_float32_with_a_note
 
 
 def test_a_fingerprint_sees_any_write_and_nothing_else():
-    from kbench.compare import fingerprint
+    from kbench.grading.compare import fingerprint
 
     out = torch.randn(3, 1000)
     key = 12345

@@ -5,12 +5,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from kbench import protocol as p
 from kbench.grading import custom_kernels
 from kbench.grading.channel import Stop
 from kbench.grading.options import Options, OptionsError
-from kbench.results import SubmissionResult
-from kbench.verdict import Status, Verdict
+from kbench.results.record import SubmissionResult
+from kbench.results.verdict import Status, Verdict
+from kbench.shared import protocol as p
 
 OWN_CUDA = p.KernelRun("void l2norm_rows<256, float>(float const*, float*, int, int)", 90.0, "")
 OWN_TRITON = p.KernelRun("_l2norm_fwd", 30.0, "")

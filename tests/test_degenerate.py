@@ -6,12 +6,13 @@ counted apart, and a skipped verdict shows in the HTML like any other."""
 import pytest
 from conftest import FIXTURES, by_name, grade
 
-from kbench import cli, html_report
-from kbench.report import leaderboard
-from kbench.results import ProblemRun, RunResult, SubmissionResult
-from kbench.store import Store
-from kbench.summary import summarise
-from kbench.verdict import Status
+from kbench.cli import main as cli
+from kbench.reports import html_report
+from kbench.reports.markdown import leaderboard
+from kbench.reports.summary import summarise
+from kbench.results.record import ProblemRun, RunResult, SubmissionResult
+from kbench.results.store import Store
+from kbench.results.verdict import Status
 
 DEGENERATE = FIXTURES / "degenerate"
 KINDS = {"noise_mean": "rounding noise", "ones_softmax": "constant over inputs",
@@ -148,8 +149,8 @@ def test_parameters_that_no_seed_changes_do_not_make_a_problem_degenerate(tmp_pa
     from kbench.grading.context import Context
     from kbench.grading.options import Options
     from kbench.grading.screen import screen
+    from kbench.host.toolchain import Toolchain
     from kbench.problems.load import load_task
-    from kbench.toolchain import Toolchain
 
     path = tmp_path / "layernorm.py"
     path.write_text(_LAYERNORM)

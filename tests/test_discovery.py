@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from kbench.discovery import DiscoveryError, assign, find_files, find_problems
+from kbench.problems.discovery import DiscoveryError, assign, find_files, find_problems
 
 
 def _touch(path: Path, text: str = "x = 1\n") -> Path:

@@ -1,9 +1,10 @@
-"""kbench.guard: what a submission writes to kbench's files is found and put right."""
+"""kbench.grading.guard: what a submission writes to kbench's files is found and put right."""
 
 from pathlib import Path
 
-from kbench import guard
-from kbench.guard import Guard, Presence
+from kbench.grading import guard
+from kbench.grading.guard import Guard
+from kbench.results.presence import Presence
 
 
 def _tree(tmp_path: Path) -> tuple[Guard, Path, Path]:
@@ -97,7 +98,7 @@ def test_presence_tells_whether_another_process_uses_the_folder(tmp_path):
     mine = Presence(tmp_path)
     assert mine.alone() and mine.alone()  # its own lock does not count
     other = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from kbench.guard import Presence; "
+        "import sys, time; from pathlib import Path; from kbench.results.presence import Presence; "
         f"p = Presence(Path({str(tmp_path)!r})); print('in', flush=True); time.sleep(30)")],
         stdout=subprocess.PIPE, text=True)
     try:

@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import FIXTURES, by_name, grade
 
-from kbench import cli
+from kbench.cli import main as cli
 from kbench.grading import causes, kernelbench_rules
-from kbench.verdict import Status, Verdict
+from kbench.results.verdict import Status, Verdict
 
 KB = FIXTURES / "kb_rules"
 ARGS = [str(KB / "subs"), "--task", str(KB / "problems"), "--device", "cpu", "--no-timing",

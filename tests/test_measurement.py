@@ -2,10 +2,10 @@ import random
 
 import pytest
 
-from kbench import measurement
-from kbench.protocol import BadSamples, Samples
-from kbench.results import Benchmark, Measurement, SubmissionResult
-from kbench.verdict import Status
+from kbench.grading import measurement
+from kbench.results.record import Benchmark, Measurement, SubmissionResult
+from kbench.results.verdict import Status
+from kbench.shared.protocol import BadSamples, Samples
 
 
 def wire(ms: list[float], **extra) -> dict:

@@ -13,12 +13,12 @@ from conftest import FIXTURES
 from kbench import sandbox
 from kbench.grading import building, hostsplit, pipeline, units
 from kbench.grading.building import Built
+from kbench.grading.guard import BuildMark
 from kbench.grading.jobs import Job
 from kbench.grading.options import Device, Options
 from kbench.grading.slots import _Dispatch
-from kbench.guard import BuildMark
-from kbench.toolchain import find_toolchain
-from kbench.verdict import Status, Verdict
+from kbench.host.toolchain import find_toolchain
+from kbench.results.verdict import Status, Verdict
 
 PROBLEMS = FIXTURES / "problems"
 SUBS = FIXTURES / "problem_subs"

@@ -159,8 +159,8 @@ def test_work_and_traffic_are_counted_for_a_problem_file():
 
 
 def test_achieved_flops_are_set_against_the_device_peak():
-    from kbench.report import _bandwidth
-    from kbench.results import Benchmark, Measurement
+    from kbench.reports.markdown import _bandwidth
+    from kbench.results.record import Benchmark, Measurement
 
     bench = Benchmark(params={"M": 4096}, dtype="float32", flops=int(33.45e9))
     timed = Measurement(ms=1.0, ci=[0.99, 1.01], samples=10, gbps=100.0)
@@ -173,8 +173,8 @@ def test_achieved_flops_are_set_against_the_device_peak():
 def test_cases_where_the_reference_is_rounding_noise_are_dropped_not_the_problem():
     from types import SimpleNamespace
 
-    from kbench.cases import Case
     from kbench.grading.screen import Lazy, _without_noise
+    from kbench.problems.cases import Case
 
     def entry(index: int, own: float):
         case = Case(index=index, params={"n": index + 1}, dtype="float32",
@@ -256,7 +256,7 @@ def test_a_planted_pyc_does_not_change_what_a_file_runs(tmp_path):
     import importlib.util
     import os
 
-    from kbench.inputs import load_file
+    from kbench.shared.inputs import load_file
     source = tmp_path / "problem_file.py"
     source.write_text("ANSWER = 'source'\n")
     stat = os.stat(source)

@@ -1,4 +1,4 @@
-"""Reading process trees (kbench.proctree), and stopping a worker whole (Sandbox.frozen)."""
+"""Reading process trees (kbench.host.proctree), and stopping a worker whole (Sandbox.frozen)."""
 
 import subprocess
 import sys
@@ -6,7 +6,8 @@ import time
 
 import psutil
 
-from kbench import proctree, sandbox
+from kbench import sandbox
+from kbench.host import proctree
 
 _SPIN = ("import threading, time\n"
          "for _ in range(4):\n"

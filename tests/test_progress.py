@@ -1,10 +1,10 @@
-"""What a run prints as it goes (kbench.progress)."""
+"""What a run prints as it goes (kbench.cli.progress)."""
 
 import io
 
-from kbench.progress import Progress
-from kbench.results import SubmissionResult
-from kbench.verdict import Status
+from kbench.cli.progress import Progress
+from kbench.results.record import SubmissionResult
+from kbench.results.verdict import Status
 
 
 def _result(name: str, status: Status) -> SubmissionResult:

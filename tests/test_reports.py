@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from kbench import csv_report, html_report, report
-from kbench.cli import main
-from kbench.results import Benchmark, Measurement, ProblemRun, RunResult, SubmissionResult
-from kbench.run_diff import Floors, diff
-from kbench.verdict import Status
+from kbench.cli.main import main
+from kbench.reports import csv_report, html_report, writer
+from kbench.reports import markdown as report
+from kbench.reports.run_diff import Floors, diff
+from kbench.results.record import Benchmark, Measurement, ProblemRun, RunResult, SubmissionResult
+from kbench.results.verdict import Status
 
 HOSTILE = "<script>alert('reason')</script> and a very long tail " + "x" * 200
 
@@ -96,7 +97,7 @@ def test_the_page_escapes_what_submissions_wrote_and_links_logs_beside_it():
 
 
 def test_markdown_rows_stay_narrow_and_reasons_are_given_in_full_below(tmp_path):
-    board, _ = report.write(_run(), tmp_path)
+    board, _ = writer.write(_run(), tmp_path)
     text = board.read_text()
     rows = [line for line in text.splitlines() if line.startswith("|")]
     assert rows and max(len(line) for line in rows) <= 120
@@ -115,7 +116,7 @@ def _chromium() -> str:
 
 def test_the_page_opens_in_a_browser_without_errors_and_draws_its_charts(tmp_path):
     browser = _chromium()
-    report.write(_run(), tmp_path)
+    writer.write(_run(), tmp_path)
     url = (tmp_path / "index.html").as_uri()
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
              "--enable-logging=stderr", "--v=0"]

@@ -2,7 +2,7 @@
 
 import ast
 
-from kbench import cli
+from kbench.cli import main as cli
 
 PROBLEM = '''import torch
 import torch.nn as nn

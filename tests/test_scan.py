@@ -1,6 +1,6 @@
 import pytest
 
-from kbench import scan
+from kbench.host import scan
 
 KERNEL = 'load_inline(name="k", cuda_sources="__global__ void k() {}")\n'
 

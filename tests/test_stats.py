@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from kbench import stats
+from kbench.shared import stats
 from kbench.worker.timing import measure, rotation
 
 

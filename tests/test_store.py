@@ -14,9 +14,10 @@ import psutil
 import pytest
 from conftest import FIXTURES, ROOT, by_name, grade, quick_task
 
-from kbench import cli, report
-from kbench.guard import LOCK_NAME
-from kbench.store import FILENAME, OPENING_LOCK, Store
+from kbench.cli import main as cli
+from kbench.reports import writer
+from kbench.results.presence import LOCK_NAME
+from kbench.results.store import FILENAME, OPENING_LOCK, Store
 
 SLOW = FIXTURES / "slow"
 EXPECTED = {"l2norm_slow_a": "ok", "l2norm_slow_b": "wrong_output", "l2norm_slow_c": "ok",
@@ -261,7 +262,7 @@ def test_report_writes_are_atomic(tmp_path, monkeypatch):
     run_id = store.start_run(kbench_version="0", task="l2norm", task_hash="h", seed=1,
                              device="cpu", fingerprint="f", options={}, environment={})
     run = store.load_run(run_id)
-    report.write(run, tmp_path)
+    writer.write(run, tmp_path)
     old = (tmp_path / "leaderboard.md").read_text()
 
     def broken_replace(src, dst):
@@ -270,16 +271,16 @@ def test_report_writes_are_atomic(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", broken_replace)
     run.notes.append("a change that never lands")
     with pytest.raises(OSError, match="disk full"):
-        report.write(run, tmp_path)
+        writer.write(run, tmp_path)
     assert (tmp_path / "leaderboard.md").read_text() == old
     assert not [p for p in tmp_path.iterdir()
                 if p.name.startswith(".") and p.name not in (LOCK_NAME, OPENING_LOCK)]
 
 
 def test_reuse_needs_same_kbench_task_and_software(tmp_path):
-    from kbench.environment import fingerprint
-    from kbench.results import ProblemRun, SubmissionResult
-    from kbench.verdict import Status
+    from kbench.host.environment import fingerprint
+    from kbench.results.record import ProblemRun, SubmissionResult
+    from kbench.results.verdict import Status
 
     store = Store(tmp_path)
     env = {"device": "cuda", "device_name": "NVIDIA H200", "torch": "2.11.0", "driver": "580"}
@@ -317,8 +318,8 @@ def test_a_store_of_version_2_is_carried_over(tmp_path):
     import json
     import sqlite3
 
-    from kbench.results import SubmissionResult
-    from kbench.verdict import Status
+    from kbench.results.record import SubmissionResult
+    from kbench.results.verdict import Status
 
     store = Store(tmp_path)
     run_id = store.start_run(kbench_version="0.2.0", task="l2norm", task_hash="t1", seed=1,

@@ -3,10 +3,10 @@ KernelBench's plain fast_p on the median beside it, problem errors apart."""
 
 import pytest
 
-from kbench.report import leaderboard
-from kbench.results import ProblemRun, RunResult, SubmissionResult
-from kbench.summary import summarise
-from kbench.verdict import Status
+from kbench.reports.markdown import leaderboard
+from kbench.reports.summary import summarise
+from kbench.results.record import ProblemRun, RunResult, SubmissionResult
+from kbench.results.verdict import Status
 
 
 def _sub(problem: str, status: Status, speedup=None, ci=None) -> SubmissionResult:

@@ -3,9 +3,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kbench import paths
+from kbench.host import paths
 from kbench.problems.load import load_task
-from kbench.task import TaskError
+from kbench.problems.task import TaskError
 
 
 def test_bundled_task_loads():
@@ -165,7 +165,7 @@ def test_a_problem_size_of_zero_or_below_is_a_fixed_size(tmp_path):
 
 
 def test_random_cases_keep_fixed_sizes_as_they_are(tmp_path):
-    from kbench.cases import plan_cases
+    from kbench.problems.cases import plan_cases
 
     path = tmp_path / "pad.py"
     path.write_text(_PROBLEM.replace("dim = 256", "dim = 256\npadding = 0\nlow = -1").replace(
@@ -202,7 +202,7 @@ def get_init_inputs():
 
 
 def test_each_width_in_a_list_of_sizes_varies_and_shrinks_on_a_cpu(tmp_path):
-    from kbench.cases import plan_cases
+    from kbench.problems.cases import plan_cases
 
     path = tmp_path / "mlp.py"
     path.write_text(_WIDTHS)

@@ -7,8 +7,9 @@ import pytest
 import torch
 from conftest import FIXTURES, ROOT, by_name, grade, has_nvcc, quick_task
 
-from kbench import cli, doctor, toolchain
-from kbench.toolchain import find_toolchain, probe
+from kbench.cli import main as cli
+from kbench.host import doctor, toolchain
+from kbench.host.toolchain import find_toolchain, probe
 
 
 def fake_toolkit(root: Path, release: str, compiles: bool = True) -> Path:

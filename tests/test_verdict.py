@@ -4,9 +4,9 @@ from multiprocessing.reduction import ForkingPickler
 import pytest
 import torch
 
-from kbench.protocol import WorkerError
+from kbench.results.verdict import Status, Verdict, from_error
 from kbench.sandbox import safe_loads
-from kbench.verdict import Status, Verdict, from_error
+from kbench.shared.protocol import WorkerError
 
 
 def err(kind, message, stage="run"):

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import psutil
 
-from kbench import backends, protocol
-from kbench.build import build_dir
-from kbench.discovery import Submission
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
+from kbench.host import backends
+from kbench.host.build_dirs import build_dir
+from kbench.problems.discovery import Submission
+from kbench.results.verdict import Status, Verdict
 from kbench.sandbox import child_env
-from kbench.verdict import Status, Verdict
+from kbench.shared import protocol
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,9 @@ def env(ctx: Context, sub: Submission, cores: int | None = None) -> dict[str, st
 def warm(ctx: Context, sub: Submission) -> Built:
     """A kernel language that compiles at a kernel's first launch, on a GPU: each correctness
     case's sizes and dtype run once, so that compilation falls in the build stage, under its
-    deadline, into the submission's own cache (kbench.backends.python_dsl), and the cases'
+    deadline, into the submission's own cache (kbench.host.backends.python_dsl), and the cases'
     deadlines time the kernels, not the compiler. A compile error is the build's
-    (build_error, kbench.verdict); any other failure is left to the correctness stage, which
+    (build_error, kbench.results.verdict); any other failure is left to the correctness stage, which
     names the case. Nothing to do (no time) for anything else."""
     if not (backends.for_source(sub.path.read_text(errors="replace")).jit
             and ctx.device.type == "cuda"):

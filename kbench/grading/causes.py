@@ -11,8 +11,8 @@ import torch
 
 from kbench.grading import kernelbench_rules
 from kbench.grading.context import Context
-from kbench.results import SubmissionResult, params_text
-from kbench.verdict import Status, Verdict
+from kbench.results.record import SubmissionResult, params_text
+from kbench.results.verdict import Status, Verdict
 
 # A compiler error about torch's C++ API itself: a member, conversion, header or symbol of
 # at::, c10:: or torch:: (or THC, removed in torch 1.11) that is not there.

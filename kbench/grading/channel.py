@@ -1,18 +1,18 @@
-"""The trusted side's end of one worker: kbench.protocol's requests out, typed answers back,
+"""The trusted side's end of one worker: kbench.shared.protocol's requests out, typed answers back,
 and every way a request can fail turned into a Stop carrying the verdict it earns."""
 
 from __future__ import annotations
 
 import contextlib
 
-from kbench import protocol
-from kbench import verdict as verdicts
-from kbench.discovery import Submission
 from kbench.grading.context import Context
-from kbench.results import params_text
+from kbench.problems.discovery import Submission
+from kbench.problems.task import Params
+from kbench.results import verdict as verdicts
+from kbench.results.record import params_text
+from kbench.results.verdict import Status, Verdict
 from kbench.sandbox import Sandbox, SandboxFailure
-from kbench.task import Params
-from kbench.verdict import Status, Verdict
+from kbench.shared import protocol
 
 
 class Stop(Exception):
@@ -49,7 +49,7 @@ class Channel:
         return self.box.frozen()
 
     def call(self, request: protocol.Request, timeout: float, stage: str) -> protocol.Answer:
-        """One request and its answer, decoded and checked (kbench.protocol)."""
+        """One request and its answer, decoded and checked (kbench.shared.protocol)."""
         try:
             raw = self.box.request(request, timeout)
         except SandboxFailure as failure:
@@ -78,7 +78,7 @@ class Channel:
              ) -> protocol.Loaded:
         """Import the file (a build); with ``instantiate``, also build the model the first
         case runs, whose weights' checksums come back. ``shared_names``: see
-        kbench.protocol.Load."""
+        kbench.shared.protocol.Load."""
         ctx = self.ctx
         limit = ctx.task.limits.build_s if not instantiate else ctx.task.limits.load_s
         return self.call(protocol.Load(

@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
-from kbench import inputs
-from kbench.cases import Case, plan_cases, select
-from kbench.discovery import Submission
 from kbench.grading.options import Options
-from kbench.outputs import flatten
-from kbench.protocol import ModelSpec, TimingSettings
-from kbench.task import Params, Task, Tolerance
-from kbench.toolchain import Toolchain
+from kbench.host.toolchain import Toolchain
+from kbench.problems.cases import Case, plan_cases, select
+from kbench.problems.discovery import Submission
+from kbench.problems.task import Params, Task, Tolerance
+from kbench.shared import inputs
+from kbench.shared.outputs import flatten
+from kbench.shared.protocol import ModelSpec, TimingSettings
 
 Say = Callable[[str], None]
 
@@ -70,7 +70,7 @@ class Context:
     @classmethod
     def create(cls, task: Task, options: Options, toolchain: Toolchain,
                say: Say = lambda line: None) -> Context:
-        """Raises kbench.cases.CaseError for a ``--case`` the plan does not have."""
+        """Raises kbench.problems.cases.CaseError for a ``--case`` the plan does not have."""
         device = torch.device(options.device.value)
         seed = int.from_bytes(hashlib.sha256(f"{options.seed}:weights".encode()).digest()[:6],
                               "big")
@@ -139,7 +139,7 @@ class Context:
 
     def reference_output(self, spec: ModelSpec, args: list) -> tuple[list, str]:
         """The reference instance ``spec`` names, run on ``args`` in its dtype: the output's
-        leaves and structure (kbench.outputs.flatten)."""
+        leaves and structure (kbench.shared.outputs.flatten)."""
         model = self._model(spec)
         inputs.bind(self.reference, spec.params)  # a forward may read the module's sizes
         with torch.no_grad():

@@ -11,15 +11,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kbench import protocol
-from kbench.cases import Case
-from kbench.compare import compare, fingerprint, identical, needed_scale
-from kbench.discovery import Submission
 from kbench.grading import kernelbench_rules
 from kbench.grading.channel import Channel, Stop
+from kbench.grading.compare import compare, fingerprint, identical, needed_scale
 from kbench.grading.context import Context, NoExact
-from kbench.results import SubmissionResult, error_line
-from kbench.verdict import Status, Verdict
+from kbench.problems.cases import Case
+from kbench.problems.discovery import Submission
+from kbench.results.record import SubmissionResult, error_line
+from kbench.results.verdict import Status, Verdict
+from kbench.shared import protocol
 
 _random = random.SystemRandom()  # choices a submission must not be able to predict
 
@@ -41,7 +41,7 @@ _TWIN_SLACK = 10.0  # on the tolerance of the repeated case's twin (see _with_re
 @dataclass(frozen=True)
 class Returned:
     """An output's leaves as the worker returned them (memory the worker can still write),
-    the fingerprint of the copy that was checked (kbench.compare.fingerprint, under ``key``),
+    the fingerprint of the copy that was checked (compare.fingerprint, under ``key``),
     and when (time.monotonic()) the answer came."""
 
     shared: list

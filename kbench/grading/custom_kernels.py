@@ -9,12 +9,12 @@ import math
 import re
 from dataclasses import dataclass
 
-from kbench import protocol
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
-from kbench.results import SubmissionResult, params_text
-from kbench.task import Params
-from kbench.verdict import Status, Verdict
+from kbench.problems.task import Params
+from kbench.results.record import SubmissionResult, params_text
+from kbench.results.verdict import Status, Verdict
+from kbench.shared import protocol
 
 # Kernels of torch and the libraries it calls, by name, whatever op launched them (a
 # submission may call them from C++ without going through an operator), matched on the name

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from kbench import inputs
-from kbench.cases import Case
-from kbench.compare import identical, needed_scale
+from kbench.grading.compare import identical, needed_scale
 from kbench.grading.context import Context, Expected
-from kbench.outputs import flatten
-from kbench.results import params_text
+from kbench.problems.cases import Case
+from kbench.results.record import params_text
+from kbench.shared import inputs
+from kbench.shared.outputs import flatten
 
 _OTHER = 0x0DD5EED  # xor-ed into the case's seed, and the models', for the other draw
 

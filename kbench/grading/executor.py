@@ -8,8 +8,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 
-from kbench import doctor, environment, sandbox
-from kbench.cases import CaseError
+from kbench import sandbox
 from kbench.grading import building, hostsplit
 from kbench.grading.building import Built
 from kbench.grading.context import Context, Say
@@ -20,13 +19,15 @@ from kbench.grading.reference_pool import ReferencePool
 from kbench.grading.screen import ProblemError, screen
 from kbench.grading.slot import Slot
 from kbench.grading.watch import Watcher, tampered
-from kbench.guard import Presence
+from kbench.host import doctor, environment
+from kbench.host.toolchain import find_toolchain
+from kbench.problems.cases import CaseError
 from kbench.problems.load import load_task
-from kbench.protocol import Samples
-from kbench.results import Benchmark, ProblemRun, SubmissionResult
-from kbench.task import TaskError
-from kbench.toolchain import find_toolchain
-from kbench.verdict import Status
+from kbench.problems.task import TaskError
+from kbench.results.presence import Presence
+from kbench.results.record import Benchmark, ProblemRun, SubmissionResult
+from kbench.results.verdict import Status
+from kbench.shared.protocol import Samples
 
 Builds = Callable[[list[Job]], dict[str, Built | None]]  # a problem's builds, by path
 
@@ -59,9 +60,9 @@ class LocalExecutor:
         self.watcher.add_presence(Presence(self.options.out_dir))
 
     def environment(self) -> dict:
-        """The machine, as recorded with the run, with what kbench.doctor found wrong. A
+        """The machine, as recorded with the run, with what kbench.host.doctor found wrong. A
         problem that stops CUDA builds is said once here and becomes each CUDA submission's
-        environment_error (see kbench.backends)."""
+        environment_error (see kbench.host.backends)."""
         device = self.options.device.value
         env = environment.describe(device, self.toolchain)
         found = doctor.checks(device, self.toolchain, self.options.cache_dir)

@@ -10,15 +10,16 @@ import time
 
 import torch
 
-from kbench import measurement, protocol
-from kbench.compare import compare_in_chunks
-from kbench.fingerprint import fingerprint, same_fingerprint
+from kbench.grading import measurement
 from kbench.grading.channel import Channel, Stop
+from kbench.grading.compare import compare_in_chunks
 from kbench.grading.context import Context
 from kbench.grading.options import TimingMode
-from kbench.results import Benchmark, params_text
-from kbench.task import Params
-from kbench.verdict import Status, Verdict
+from kbench.problems.task import Params
+from kbench.results.record import Benchmark, params_text
+from kbench.results.verdict import Status, Verdict
+from kbench.shared import protocol
+from kbench.shared.fingerprint import fingerprint, same_fingerprint
 
 _random = random.SystemRandom()  # choices a submission must not be able to predict
 
@@ -145,7 +146,7 @@ def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int) 
 
 
 def ordered(bench: Benchmark) -> None:
-    """Work a call left on other streams is charged to its figures (kbench.measurement);
+    """Work a call left on other streams is charged to its figures (kbench.grading.measurement);
     where it is a large part of the call, the output was handed back before the work writing
     it was ordered before the caller's stream, a race for any real caller: flagged."""
     side = bench.candidate.side_work_ms

@@ -11,10 +11,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from kbench.discovery import Submission
 from kbench.grading.options import Options
-from kbench.guard import Presence
-from kbench.results import ProblemRun, SubmissionResult
+from kbench.problems.discovery import Submission
+from kbench.results.presence import Presence
+from kbench.results.record import ProblemRun, SubmissionResult
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Executor(Protocol):
         """The store's folder, shared with the process that writes it."""
 
     def environment(self) -> dict:
-        """The machine the jobs run on, with ``problems`` (kbench.doctor) in it."""
+        """The machine the jobs run on, with ``problems`` (kbench.host.doctor) in it."""
 
     def run(self, jobs: list[Job], sink: Sink) -> None:
         """Grade every job; each result goes to ``sink`` as soon as it is known."""

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import torch
 
-from kbench import inputs, protocol
-from kbench.discovery import Submission
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
-from kbench.outputs import as_tensor
-from kbench.results import RuleVerdict, params_text
-from kbench.task import Params
-from kbench.verdict import Status, Verdict
+from kbench.problems.discovery import Submission
+from kbench.problems.task import Params
+from kbench.results.record import RuleVerdict, params_text
+from kbench.results.verdict import Status, Verdict
+from kbench.shared import inputs, protocol
+from kbench.shared.outputs import as_tensor
 
 SEED = 42  # KernelBench's seed_num: weights, init inputs, and the trials' seeds
 TRIALS = 5  # its num_correct_trials in scripts/eval_from_generations.py
@@ -133,7 +133,7 @@ def _copy(value: object) -> object:
 def allclose_failure(out: list, structure: str, expected: list, expected_structure: str,
                      tol: Tolerance) -> str | None:
     """Why ``out`` fails torch.allclose against ``expected`` (leaves and structures, as
-    kbench.outputs.flatten gives them) after a shape check, or None where it passes."""
+    kbench.shared.outputs.flatten gives them) after a shape check, or None where it passes."""
     if structure != expected_structure:
         return f"returned {structure}, expected {expected_structure}"
     for i, (mine, want) in enumerate(zip(out, expected, strict=True)):

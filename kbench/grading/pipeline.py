@@ -11,7 +11,7 @@ out only after a check that found nothing changed since it started. A change can
 on one of the builds then running, so they all become suspects: they are built again one at
 a time, each watched alone, once the pool and the grading are done (``settle``), and the one
 that changes the files again is flagged. While the pool works, grading windows elsewhere that
-see a change cannot pin it on their submission either (kbench.guard.BuildMark): those
+see a change cannot pin it on their submission either (kbench.grading.guard.BuildMark): those
 submissions are graded again at the end, too."""
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from kbench.build import build_dir
 from kbench.grading import building
 from kbench.grading.building import Built
 from kbench.grading.context import Context, Say
+from kbench.grading.guard import BuildMark
 from kbench.grading.hostsplit import HostSplit
 from kbench.grading.jobs import Job
 from kbench.grading.options import Options
 from kbench.grading.watch import Watcher, tampered
-from kbench.guard import BuildMark
+from kbench.host.build_dirs import build_dir
+from kbench.host.toolchain import Toolchain
 from kbench.problems.load import load_task
-from kbench.toolchain import Toolchain
 
 
 class Pipeline:

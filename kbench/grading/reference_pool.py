@@ -7,15 +7,15 @@ from __future__ import annotations
 import psutil
 import torch
 
-from kbench import measurement, protocol
-from kbench.grading import correctness
+from kbench.grading import correctness, measurement
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
-from kbench.protocol import Samples
-from kbench.results import Benchmark, params_text
+from kbench.problems.task import Params
+from kbench.results.record import Benchmark, params_text
+from kbench.results.verdict import Status, Verdict
 from kbench.sandbox import child_env
-from kbench.task import Params
-from kbench.verdict import Status, Verdict
+from kbench.shared import protocol
+from kbench.shared.protocol import Samples
 
 # Copy-bandwidth buffers (each of source and destination): far past any cache.
 _COPY_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}

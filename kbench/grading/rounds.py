@@ -8,14 +8,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from kbench import measurement
-from kbench.grading import integrity
+from kbench.grading import integrity, measurement
 from kbench.grading.channel import Channel
 from kbench.grading.context import Context
 from kbench.grading.options import TimingMode
 from kbench.grading.reference_pool import ReferencePool, ReferenceWorker
-from kbench.protocol import Samples
-from kbench.results import Benchmark, SubmissionResult
+from kbench.results.record import Benchmark, SubmissionResult
+from kbench.shared.protocol import Samples
 
 OpenRound = Callable[[int], Channel]  # round r -> a new process of the submission, loaded
 

@@ -10,14 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbench import __version__, environment
-from kbench.discovery import Submission
+from kbench import __version__
 from kbench.grading.jobs import Executor, Job
 from kbench.grading.options import Options
-from kbench.results import ProblemRun, SubmissionResult
+from kbench.host import environment
+from kbench.problems.discovery import Submission
+from kbench.problems.task import Task
+from kbench.results.record import ProblemRun, SubmissionResult
+from kbench.results.store import Store
 from kbench.sandbox import remove_stale_logs
-from kbench.store import Store
-from kbench.task import Task
 
 Progress = Callable[[SubmissionResult, int, int], None]  # a result, its place, how many
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass, replace
 import psutil
 import torch
 
-from kbench.cases import Case
-from kbench.compare import needed_scale
 from kbench.grading import degenerate as probes
+from kbench.grading.compare import needed_scale
 from kbench.grading.context import Context, Expected, NoExact
-from kbench.outputs import Unsupported, as_tensor
+from kbench.problems.cases import Case
 from kbench.problems.trial import TrialError, on_meta
-from kbench.results import error_line, params_text
+from kbench.results.record import error_line, params_text
+from kbench.shared.outputs import Unsupported, as_tensor
 
 # A case a lazy output passes is tightened so that it fails by this factor, where the
 # reference's own arithmetic still passes with this margin; otherwise the case is degenerate.

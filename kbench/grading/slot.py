@@ -8,8 +8,7 @@ import math
 import time
 import traceback
 
-from kbench import backends, sandbox, scan
-from kbench.discovery import Submission
+from kbench import sandbox
 from kbench.grading import building, causes, correctness, custom_kernels, rounds, weights
 from kbench.grading import kernelbench_rules as kb_rules
 from kbench.grading.building import Built
@@ -18,9 +17,11 @@ from kbench.grading.context import Context
 from kbench.grading.options import Rules
 from kbench.grading.reference_pool import ReferencePool
 from kbench.grading.watch import Watcher, tampered
-from kbench.results import Benchmark, RuleVerdict, SubmissionResult
-from kbench.task import Params
-from kbench.verdict import Status, Verdict
+from kbench.host import backends, scan
+from kbench.problems.discovery import Submission
+from kbench.problems.task import Params
+from kbench.results.record import Benchmark, RuleVerdict, SubmissionResult
+from kbench.results.verdict import Status, Verdict
 
 
 class Slot:

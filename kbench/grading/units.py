@@ -13,8 +13,8 @@ from kbench.grading.building import Built
 from kbench.grading.executor import LocalExecutor
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Options
-from kbench.results import ProblemRun, SubmissionResult
-from kbench.verdict import Status
+from kbench.results.record import ProblemRun, SubmissionResult
+from kbench.results.verdict import Status
 
 # {"problem": ProblemRun dict} | {"result": SubmissionResult dict} | {"say": str}
 # | {"defer": Job dict}: graded again at the end (kbench.grading.pipeline says why)
@@ -28,7 +28,7 @@ class Unit:
     its reference timed there, and their speedups divide timings from that slot's device."""
 
     jobs: list[Job]
-    environment_problem: str | None  # what kbench.doctor found on the driver's machine
+    environment_problem: str | None  # what kbench.host.doctor found on the driver's machine
     cores: int | None  # host cores the unit's builds share
     number: int = 0  # its place in the run's units (a retry keeps it)
     # The whole run's problem and submission files: watched here too (Watcher.for_run).

@@ -1,4 +1,4 @@
-"""Watching kbench's own files while a submission's code runs (kbench.guard): what it changed
+"""Watching kbench's own files while a submission's code runs (guard.py): what it changed
 is put right and its verdict becomes flagged."""
 
 from __future__ import annotations
@@ -7,14 +7,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbench import paths
 from kbench.grading.context import Context
+from kbench.grading.guard import BuildMark, Guard, Seen
 from kbench.grading.options import Options
-from kbench.guard import BuildMark, Guard, Presence, Seen
-from kbench.store import FILENAME, OPENING_LOCK
-from kbench.task import TaskError
-from kbench.task_yaml import read_yaml
-from kbench.verdict import Status, Verdict
+from kbench.host import paths
+from kbench.problems.task import TaskError
+from kbench.problems.task_yaml import read_yaml
+from kbench.results.presence import Presence
+from kbench.results.store import FILENAME, OPENING_LOCK
+from kbench.results.verdict import Status, Verdict
 
 
 def tampered(when: str, lines: list[str]) -> Verdict:
@@ -74,7 +75,7 @@ class Watcher:
         output folder, the build cache and the run's other files count only if no other
         kbench process used them at the start or at the end (their writes there cannot be
         told from a submission's), and the cache only while no build pipeline is at work
-        (kbench.guard.BuildMark).
+        (kbench.grading.guard.BuildMark).
         ``builds``: the pipeline's own window, which never compares the store its run writes
         meanwhile; ``changed(more)`` leaves out ``more`` too (the folders builds have filled
         by then)."""

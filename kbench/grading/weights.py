@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from kbench.fingerprint import same_weights, weight_sums
 from kbench.grading.context import Context
-from kbench.protocol import WeightPrint
+from kbench.shared.fingerprint import same_weights, weight_sums
+from kbench.shared.protocol import WeightPrint
 
 _NAMED = 3  # names quoted in a reason
 

@@ -15,11 +15,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from kbench import inputs
 from kbench.problems import sizes
-from kbench.results import error_line
-from kbench.task import Correctness, Task, TaskError, digest
-from kbench.task_yaml import _Reader, build
+from kbench.problems.task import Correctness, Task, TaskError, digest
+from kbench.problems.task_yaml import _Reader, build
+from kbench.results.record import error_line
+from kbench.shared import inputs
 
 RANDOM_CASES = 8
 RANDOM_CASES_HEAVY = 2  # on a CPU, for a problem still over the CPU bound shrunk

@@ -1,14 +1,14 @@
-"""A task by name or path: a KernelBench problem file (kbench.problems.defaults), a YAML
-(kbench.task_yaml), or a YAML over a problem file, loaded once per process while its file is
+"""A task by name or path: a KernelBench problem file (defaults.py), a YAML
+(task_yaml.py), or a YAML over a problem file, loaded once per process while its file is
 unchanged (a problem's analysis takes time)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from kbench import task_yaml
+from kbench.problems import task_yaml
 from kbench.problems.defaults import from_problem
-from kbench.task import Task, find_task
+from kbench.problems.task import Task, find_task
 
 _loaded: dict[tuple, Task] = {}
 

@@ -16,8 +16,8 @@ from types import ModuleType
 
 from torch.utils.flop_counter import FlopCounterMode
 
-from kbench import inputs
 from kbench.problems.trial import TrialError, Work, on_meta
+from kbench.shared import inputs
 
 # One correctness call on a CPU stays within these (float64 reference included, a few seconds
 # at most on two cores); sizes the reference needs as they are can keep a problem above them.

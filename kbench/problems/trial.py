@@ -13,9 +13,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from kbench import inputs
-from kbench.outputs import Unsupported, flatten, tensors
-from kbench.results import error_line
+from kbench.results.record import error_line
+from kbench.shared import inputs
+from kbench.shared.outputs import Unsupported, flatten, tensors
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "float64": torch.float64}

@@ -11,7 +11,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from kbench.protocol import KernelRun
+from kbench.shared.protocol import KernelRun
 
 _profile, _synchronize = profile, torch.cuda.synchronize  # bound before a submission imports
 _ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.CUDA]

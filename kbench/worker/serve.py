@@ -2,7 +2,7 @@
 
 Started as ``python -m kbench.worker CHANNEL_FD PARENT_PID [DEVICE]``. Requests arrive over the
 private channel (a socket inherited as a file descriptor; stdout and stderr are only a log) as the
-typed messages of kbench.protocol, which lists them with the answer each expects. Crashes and
+typed messages of kbench.shared.protocol, which lists them with the answer each expects. Crashes and
 hangs are for the parent to notice.
 
 Timing inputs are drawn here from seeds made with the OS's randomness at the moment each set
@@ -14,7 +14,7 @@ them to the parent, which draws the same inputs from the seeds and checks them.
 parent checks the copy's values and compares the output with it later, so a thread that writes
 the output after the call returned is caught as such however late the parent looks.
 
-This side imports kbench.protocol, pure helpers and torch: nothing of the trusted side.
+This side imports kbench.shared.protocol, pure helpers and torch: nothing of the trusted side.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from typing import Any
 import torch
 import torch.multiprocessing  # noqa: F401  (registers tensor sharing with the pickler)
 
-from kbench import inputs as problem
-from kbench import protocol as p
-from kbench.fingerprint import weight_sums
-from kbench.outputs import Unsupported, flatten
+from kbench.shared import inputs as problem
+from kbench.shared import protocol as p
+from kbench.shared.fingerprint import weight_sums
+from kbench.shared.outputs import Unsupported, flatten
 from kbench.worker.kept import HELD_BY_A_PASS, clocked
 from kbench.worker.kernels import kernels_of
 from kbench.worker.timing import measure, rotation, set_bytes
@@ -100,7 +100,7 @@ class Worker:
 
     def _model(self, spec: p.ModelSpec) -> Any:
         """The instance ``spec`` names, built under its seed if it is not one of the latest
-        (kbench.inputs.build); torch.compile'd for a compile baseline."""
+        (kbench.shared.inputs.build); torch.compile'd for a compile baseline."""
         problem.bind(self.reference, spec.params)
         if self.module is not self.reference:
             problem.mirror(self.module, spec.params)

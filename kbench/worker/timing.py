@@ -27,9 +27,9 @@ from collections.abc import Callable
 
 import torch
 
-from kbench.fingerprint import fingerprint
-from kbench.protocol import Samples
-from kbench.stats import converged
+from kbench.shared.fingerprint import fingerprint
+from kbench.shared.protocol import Samples
+from kbench.shared.stats import converged
 from kbench.worker.clocks import Clocks
 from kbench.worker.hold import Hold, idle_probe, timed_cuda
 from kbench.worker.kept import Inputs, Kept

@@ -1,0 +1,153 @@
+"""`kbench grade`: find the submissions and their problems, grade them into the results store
+with progress as it goes, and render the reports. Also the two pieces every command shares:
+``fail`` (exit status 2 with a message) and ``render`` (the reports of a stored run)."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kbench import __version__
+from kbench.host import paths
+
+if TYPE_CHECKING:  # imported lazily at run time: `kbench --help` stays fast
+    from kbench.results.store import Store
+
+
+def fail(message: str) -> int:
+    """Say why kbench could not do what was asked; the exit status for it."""
+    print(f"kbench: {message}", file=sys.stderr)
+    return 2
+
+
+def grade(args: argparse.Namespace) -> int:
+    from kbench.problems.discovery import DiscoveryError, assign, find_files, find_problems
+    from kbench.problems.task import TaskError
+    from kbench.results.store import Store, StoreError
+
+    if args.jobs is not None and args.jobs < 1:
+        return fail(f"--build-jobs {args.jobs}: expected at least 1")
+    out_dir = (args.out or paths.default_reports_dir()).resolve()
+    try:
+        label, problems = find_problems(args.task)
+        assigned, unmatched = assign(find_files(args.paths), problems, args.paths,
+                                     named=args.task is not None)
+        for line in unmatched:
+            print(f"note: {line}", flush=True)
+        if not assigned:
+            raise DiscoveryError("no submission goes with a problem: " + "; ".join(unmatched))
+        plan = _plan(assigned)
+        store = Store(out_dir)
+    except (DiscoveryError, TaskError, StoreError) as exc:
+        return fail(str(exc))
+    label = plan[0].name if len(plan) == 1 else label
+    try:
+        return _grade_into(store, label, plan, out_dir, args)
+    finally:
+        store.close()  # and with it this process's claim on the run
+
+
+def _plan(assigned: dict) -> list:
+    """Each problem loaded once here (its analysis is kept for the run); a problem that
+    cannot be loaded stays in the plan to be reported, unless it is the only one: then
+    TaskError."""
+    from kbench.grading.run import Entry
+    from kbench.problems.load import load_task
+    from kbench.problems.task import TaskError
+
+    plan = []
+    for problem, subs in assigned.items():
+        try:
+            task = load_task(str(problem.path), problem.name)
+        except TaskError:
+            if len(assigned) == 1:
+                raise
+            task = None
+        plan.append(Entry(problem.name, problem.path, task, subs))
+    return plan
+
+
+def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
+                args: argparse.Namespace) -> int:
+    import torch
+
+    from kbench import grader
+    from kbench.cli.progress import Progress
+    from kbench.grading.options import Options, OptionsError
+    from kbench.grading.run import plan_digest
+    from kbench.problems.cases import CaseError
+    from kbench.results.store import StoreError
+
+    settings = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch,
+                "timing": args.timing, "untimed": args.no_timing, "profile": args.profile,
+                "require_custom_kernels": args.require_custom_kernels, "rules": args.rules,
+                "atol": args.atol, "rtol": args.rtol,
+                "include_degenerate": args.include_degenerate}
+    seed, run_id = args.seed, None
+    unfinished = store.unfinished_run(label)
+    if args.resume:
+        if unfinished is None:
+            return fail(f"--resume: no interrupted run of {label} in {store.path}")
+        if unfinished.task_hash != plan_digest(plan):
+            return fail(f"--resume: the problems of {label} changed since run "
+                         f"{unfinished.id} started; grade anew without --resume")
+        settings, seed, run_id = unfinished.options, unfinished.seed, unfinished.id
+        try:
+            store.claim(run_id)  # at once: a second --resume is refused before any work
+        except StoreError as exc:
+            return fail(str(exc))
+    elif unfinished is not None and not store.claimed(unfinished.id):
+        print(f"note: run {unfinished.id} of {label} in {store.path} did not finish; "
+              "`kbench grade ... --resume` continues it", flush=True)
+    device = settings["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        return fail("--device cuda: no CUDA device is visible to torch here")
+    seed = seed if seed is not None else secrets.randbits(31)
+    try:
+        options = Options(device=device, out_dir=out_dir, jobs=args.jobs, seed=seed,
+                          cache_dir=(args.cache_dir or paths.default_cache_dir()).resolve(),
+                          case_indices=settings["case_indices"],
+                          cuda_arch=settings["cuda_arch"],
+                          timing=settings.get("timing", "eager"),
+                          untimed=settings.get("untimed", False),
+                          profile=settings.get("profile", "full"),
+                          require_custom_kernels=settings.get("require_custom_kernels", False),
+                          rules=settings.get("rules", "kbench"), atol=settings.get("atol"),
+                          rtol=settings.get("rtol"),
+                          include_degenerate=settings.get("include_degenerate", False))
+    except OptionsError as exc:
+        return fail(str(exc))
+    resuming = f", resuming run {run_id}" if run_id else ""
+    count = sum(len(e.submissions) for e in plan)
+    timing = f"{options.timing.value}, profile {options.profile.value}" if options.timed \
+        else "off"
+    print(f"kbench {__version__}: {label}, {count} submission(s) against {len(plan)} "
+          f"problem(s), device {device}, seed {seed}, timing {timing}{resuming}", flush=True)
+    progress = Progress()
+    try:
+        run_id = grader.grade(label, plan, options, store, run_id=run_id, force=args.force,
+                              on_result=progress.result, say=progress.say,
+                              placement=grader.Placement(
+                                  args.executor, args.gpus.split(",") if args.gpus else None,
+                                  args.slots, args.address))
+    except (StoreError, CaseError, OptionsError) as exc:
+        return fail(str(exc))
+    finally:
+        progress.close()
+    return render(store, run_id, out_dir, logs=True)
+
+
+def render(store: Store, run_id: int, out_dir: Path, logs: bool = False) -> int:
+    from kbench.reports import markdown, writer
+
+    run = store.load_run(run_id)
+    histories = {sub.name: store.history(sub.name) for sub in run.submissions}
+    writer.write(run, out_dir, histories)
+    print()
+    print(markdown.leaderboard(run))
+    print(f"wrote {out_dir / 'index.html'} (open it in a browser), and leaderboard.md, "
+          f"results.csv and results.json beside it" + ("; logs in logs/" if logs else ""))
+    return 0

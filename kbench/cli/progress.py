@@ -1,0 +1,59 @@
+"""What a long run shows as it goes: a line per result, and per build as it ends, with the
+counts per verdict so far, the rate and the time left. On a terminal a tqdm bar holds the
+counts below the lines; elsewhere (a log file, CI) each line carries them, plainly."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from typing import TextIO
+
+from kbench.reports.markdown import progress_line
+from kbench.results.record import SubmissionResult
+
+
+class Progress:
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stdout  # as it is now, not at import
+        self.counts: Counter[str] = Counter()
+        self.start = time.monotonic()
+        self.bar = None
+        self.terminal = self.stream.isatty()
+
+    def say(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def result(self, result: SubmissionResult, index: int, total: int) -> None:
+        """The ``index``-th of ``total`` results this run still had to produce."""
+        self.counts[result.status.value] += 1
+        line = progress_line(result, index, total)
+        if self.terminal:
+            if self.bar is None:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, initial=index - 1, file=self.stream,
+                                unit="sub", dynamic_ncols=True)
+            self.bar.write(line, file=self.stream)
+            self.bar.set_postfix_str(self._counts(), refresh=False)
+            self.bar.update(1)
+        else:
+            print(f"{line}\n    {self._status(index, total)}", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def _counts(self) -> str:
+        return ", ".join(f"{status} {n}" for status, n in self.counts.most_common())
+
+    def _status(self, index: int, total: int) -> str:
+        done = sum(self.counts.values())
+        minutes = (time.monotonic() - self.start) / 60
+        rate = done / minutes if minutes > 0 else 0.0
+        left = f", about {(total - index) / rate:.0f} min left" if rate and index < total else ""
+        return f"so far: {self._counts()}; {rate:.1f} per min{left}"

@@ -1,0 +1,31 @@
+"""CUDA C++ built with ``torch.utils.cpp_extension.load_inline``: needs nvcc (a toolkit that
+compiles against this torch, kbench.host.toolchain) and, to run, a CUDA device."""
+
+from __future__ import annotations
+
+from kbench.host import scan
+from kbench.host.backends.base import Backend
+from kbench.host.toolchain import Toolchain
+from kbench.results.verdict import Status, Verdict
+
+
+class CudaInline(Backend):
+    name = "cuda"
+
+    def claims(self, source: str) -> bool:
+        return scan.needs_cuda(source)
+
+    def unavailable(self, toolchain: Toolchain, environment_problem: str | None,
+                    source: str = "") -> Verdict | None:
+        if environment_problem:  # the machine's fault, said once per run (kbench.host.doctor)
+            return Verdict(Status.ENVIRONMENT_ERROR, environment_problem)
+        if not toolchain.cuda_home:
+            return Verdict(Status.SKIPPED, "compiles CUDA code and no CUDA toolkit was found "
+                           "here (kbench doctor says how to get one)")
+        return None
+
+    def cannot_run(self, device: str, toolchain: Toolchain) -> Verdict | None:
+        if device != "cpu":
+            return None
+        return Verdict(Status.SKIPPED, f"built with nvcc {toolchain.nvcc_version} for CUDA arch "
+                       f"{toolchain.arch_list}; needs a CUDA device to run")

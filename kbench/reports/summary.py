@@ -1,0 +1,127 @@
+"""A run over many problems in a few numbers: verdict counts, correct rate, fast_p and the
+geometric-mean speedup, per problem set.
+
+A problem counts once whatever its number of samples: it is correct, or fast, where any of
+its submissions is; its speedup is its best submission's (highest lower bound). ``fast_p`` is the
+share of gradable problems with a correct submission more than p times faster than the
+reference, judged on the lower bound of the speedup's 95 % interval: a submission that is
+the reference itself does not count as faster by luck. KernelBench's plain fast_p (on the
+median alone) stands beside it, and the same against torch.compile. Problems that could not
+be graded at all (task_error), problems whose every submission was skipped (this machine could
+not run them: no verdict on the kernel) and degenerate problems (kbench.results.record.ProblemRun:
+a lazy kernel may pass them, unless the run includes them) are left out of the shares and
+counted apart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from kbench.results.record import RunResult, SubmissionResult
+from kbench.results.verdict import Status
+from kbench.shared.stats import geomean
+
+THRESHOLDS = (0.0, 1.0, 1.5, 2.0)
+
+
+@dataclass
+class Summary:
+    problems: int  # gradable problems (with at least one submission)
+    problem_errors: int
+    submissions: int
+    counts: dict[str, int]  # verdict -> submissions
+    correct: int  # problems with a correct submission
+    fast: dict[float, float] = field(default_factory=dict)  # p -> share, on the lower bound
+    fast_plain: dict[float, float] = field(default_factory=dict)  # KernelBench's: the median
+    fast_compile: dict[float, float] = field(default_factory=dict)  # lower bound, vs compile
+    geomean: float | None = None  # of each problem's best speedup (problems with one)
+    degenerate: int = 0  # degenerate problems left out (see the module's doc)
+    skipped: int = 0  # problems whose every submission was skipped
+
+    @property
+    def correct_rate(self) -> float:
+        return self.correct / self.problems if self.problems else 0.0
+
+    def apart(self) -> str:
+        """What else was left out of the shares besides problem errors, as the reports say
+        it ("" when nothing was)."""
+        return "".join([f"; {self.skipped} more with every submission skipped"
+                        if self.skipped else "",
+                        f"; {self.degenerate} more degenerate: graded, but left out of these "
+                        "figures (--include-degenerate counts them)" if self.degenerate else ""])
+
+
+def degenerate_counts(run: RunResult) -> str:
+    """How the run's degenerate problems count, as the reports say it."""
+    if run.include_degenerate:
+        return "graded, and counted in fast_p and the geometric mean (--include-degenerate)"
+    return "graded; left out of fast_p and the geometric mean unless --include-degenerate"
+
+
+def best(subs: list[SubmissionResult]) -> SubmissionResult | None:
+    """The problem's best correct submission: highest lower bound of its speedup (a correct
+    one without a speedup ranks last)."""
+    ok = [s for s in subs if s.status is Status.OK]
+    return max(ok, key=lambda s: (_low(s.speedup, s.speedup_ci), s.speedup or 0.0),
+               default=None)
+
+
+def _low(value: float | None, ci: list[float] | None) -> float:
+    if value is None:
+        return -math.inf
+    return ci[0] if ci else value
+
+
+def _by_problem(run: RunResult) -> tuple[dict[str, list[SubmissionResult]], set[str]]:
+    """Submissions by problem; and the problems that could not be graded."""
+    by_problem: dict[str, list[SubmissionResult]] = {}
+    for sub in run.submissions:
+        by_problem.setdefault(sub.problem, []).append(sub)
+    return by_problem, {p.name for p in run.problems if p.error}
+
+
+def _apart(run: RunResult, by_problem: dict[str, list[SubmissionResult]], broken: set[str]
+           ) -> tuple[set[str], set[str]]:
+    """Problems counted apart besides the broken: those whose every submission was skipped,
+    and (unless the run includes them) the degenerate."""
+    skipped = {name for name, subs in by_problem.items() if name not in broken
+               and all(s.status is Status.SKIPPED for s in subs)}
+    degenerate = set() if run.include_degenerate else \
+        {p.name for p in run.problems if p.degenerate} & set(by_problem) - broken - skipped
+    return skipped, degenerate
+
+
+def best_per_problem(run: RunResult) -> dict[str, SubmissionResult | None]:
+    """Each gradable problem's best correct submission (None where none is correct)."""
+    by_problem, broken = _by_problem(run)
+    left_out = broken.union(*_apart(run, by_problem, broken))
+    return {name: best(subs) for name, subs in by_problem.items() if name not in left_out}
+
+
+def summarise(run: RunResult) -> Summary:
+    by_problem, broken = _by_problem(run)
+    skipped, degenerate = _apart(run, by_problem, broken)
+    gradable = {name: subs for name, subs in by_problem.items()
+                if name not in broken | skipped | degenerate}
+    ok = [[s for s in subs if s.status is Status.OK] for subs in gradable.values()]
+    n = len(gradable)
+
+    def share(passes) -> dict[float, float]:
+        return {p: sum(1 for subs in ok if any(passes(s, p) for s in subs)) / n if n else 0.0
+                for p in THRESHOLDS}
+
+    winners = [best(subs) for subs in ok if subs]
+    timed = [w.speedup for w in winners if w.speedup]
+    return Summary(
+        problems=n, problem_errors=len(broken & set(by_problem)),
+        submissions=len(run.submissions),
+        counts=dict(Counter(s.status.value for s in run.submissions)),
+        correct=sum(1 for subs in ok if subs),
+        fast=share(lambda w, p: p == 0 or _low(w.speedup, w.speedup_ci) > p),
+        fast_plain=share(lambda w, p: p == 0 or (w.speedup or 0.0) > p),
+        fast_compile=share(lambda w, p: p == 0 or _low(w.compile_speedup,
+                                                      w.compile_speedup_ci) > p),
+        geomean=geomean(timed) if timed else None,
+        degenerate=len(degenerate), skipped=len(skipped))
