@@ -50,7 +50,7 @@ def _graded_while_killing(pattern: str, args: list[str], out, cache_dir
                           capture_output=True, text=True, timeout=900)
     killer.join()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads((out / "results.json").read_text()), killed, done.stdout
+    return json.loads((out / "results.json").read_text()), killed, done.stdout + done.stderr
 
 
 def test_several_slots_with_one_killed_give_the_same_verdicts(problem_set_run, tmp_path,
@@ -59,17 +59,17 @@ def test_several_slots_with_one_killed_give_the_same_verdicts(problem_set_run, t
                                                     tmp_path / "reports", cache_dir)
     assert killed, "no slot process was seen grading"
     assert "queued again" in output
-    assert _verdicts(results) == _verdicts(problem_set_run[1])
+    assert _verdicts(results) == _verdicts(problem_set_run[1]), output[-4000:]
     assert results["environment"]["slots"] == ["cpu 0", "cpu 1", "cpu 2"]
 
 
 def test_ray_with_a_worker_killed_gives_the_same_verdicts(problem_set_run, tmp_path,
                                                           cache_dir):
     pytest.importorskip("ray", reason="the Ray extra: pip install -e '.[ray]'")
-    results, killed, _ = _graded_while_killing(
+    results, killed, output = _graded_while_killing(
         "ray::_grade", ["--executor", "ray", "--slots", "2"], tmp_path / "reports", cache_dir)
     assert killed, "no Ray worker was seen grading"
-    assert _verdicts(results) == _verdicts(problem_set_run[1])
+    assert _verdicts(results) == _verdicts(problem_set_run[1]), output[-4000:]
 
 
 def _job(problem: str, name: str) -> Job:

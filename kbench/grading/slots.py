@@ -28,6 +28,7 @@ from kbench.grading.options import Device, Options, OptionsError
 from kbench.grading.pipeline import Pipeline
 
 _RETRIES = 1  # a unit whose slot died is given to a slot once more, then infrastructure_error
+_EXIT_WAIT_S = 5.0  # a slot process whose event stream ended is given this long to exit
 
 
 @dataclass(frozen=True)
@@ -132,11 +133,10 @@ class SlotsExecutor:
                         work.put(unit, tries)
                         process = None
                         break
-                left = self._unit(process, unit, outbox, slot)
+                left, broke = self._unit(process, unit, outbox, slot)
                 if not left:
                     continue
-                process.kill()
-                why = f"its slot ({slot.name}) process ended (exit status {process.wait()})"
+                why = f"its slot ({slot.name}) process {_ended(process)}{broke}"
                 if tries < _RETRIES:
                     outbox.put((slot.name, unit.number, {
                         "say": f"lost {len(left)} job(s): {why}; queued again"}))
@@ -153,9 +153,11 @@ class SlotsExecutor:
 
     @staticmethod
     def _unit(process: subprocess.Popen, unit: units.Unit, outbox: queue.Queue,
-              slot: SlotSpec) -> list[Job]:
-        """Send ``unit``, pass its events on; the jobs left without a result."""
+              slot: SlotSpec) -> tuple[list[Job], str]:
+        """Send ``unit``, pass its events on; the jobs left without a result, and what broke
+        the stream where it was not the process's end (else empty)."""
         left = {job.name: job for job in unit.jobs}
+        broke = ""
         try:
             process.stdin.write(json.dumps(unit.to_dict()) + "\n")
             process.stdin.flush()
@@ -168,9 +170,9 @@ class SlotsExecutor:
                 elif "defer" in event:
                     left.pop(event["defer"]["name"], None)
                 outbox.put((slot.name, unit.number, event))
-        except Exception:  # the process went, or its stream broke: its unfinished jobs are left
-            pass
-        return list(left.values())
+        except Exception as exc:  # the process went, or its stream broke: its jobs are left
+            broke = f" ({type(exc).__name__}: {str(exc)[:160]})"
+        return list(left.values()), broke
 
 
 class _Dispatch:
@@ -214,6 +216,17 @@ class _Dispatch:
         with self.cond:
             left, self.queue = self.queue, []
             return left
+
+
+def _ended(process: subprocess.Popen) -> str:
+    """How a slot's process whose events stopped ended: by itself (its exit status, given a
+    few seconds to exit), or killed here because it lived on without answering."""
+    try:
+        return f"ended (exit status {process.wait(timeout=_EXIT_WAIT_S)})"
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return "stopped sending events and was killed"
 
 
 def _start(slot: SlotSpec, cpus: tuple[int, ...]) -> subprocess.Popen:
