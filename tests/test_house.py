@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -111,6 +113,17 @@ def test_the_worker_and_the_shared_modules_import_nothing_of_the_trusted_side():
     assert not crossing, "\n".join(crossing)
     assert (PACKAGE / "__init__.py").read_text().count("import") == 0, \
         "kbench/__init__.py runs in every worker: it must import nothing"
+
+
+def test_a_worker_process_loads_no_module_of_the_trusted_side():
+    """What the static check above promises, seen in a fresh interpreter: importing the
+    worker's entry loads kbench's shared modules and the worker's own, nothing else."""
+    code = ("import sys, kbench.worker.serve; "
+            "print(' '.join(m for m in sys.modules if m.split('.')[0] == 'kbench'))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120, check=True).stdout.split()
+    assert "kbench.worker.serve" in loaded
+    assert [m for m in loaded if _entry(m) not in WORKER_MAY_IMPORT | {"__init__"}] == []
 
 
 def test_modules_and_functions_stay_readable():
