@@ -15,8 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kbench.reports import writer
-from kbench.results.record import RunResult
+from kbench.reports import report_folder
+from kbench.results.run_record import RunResult
 
 
 def main() -> int:
@@ -32,7 +32,7 @@ def main() -> int:
         return 2
     run = RunResult.from_dict(json.loads(args.results.read_text()))
     with tempfile.TemporaryDirectory() as tmp:
-        writer.write(run, Path(tmp))
+        report_folder.write(run, Path(tmp))
         subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
                         "--hide-scrollbars", f"--window-size={args.width},{args.height}",
                         f"--screenshot={args.png.resolve()}", (Path(tmp) / "index.html").as_uri()],

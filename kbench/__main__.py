@@ -1,5 +1,5 @@
 import sys
 
-from kbench.cli.main import main
+from kbench.cli.commands import main
 
 sys.exit(main())

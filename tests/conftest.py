@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from kbench.cli import main as cli
+from kbench.cli import commands as cli
 from kbench.host import paths
 from kbench.host.toolchain import find_toolchain
 

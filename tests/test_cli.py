@@ -3,7 +3,7 @@ import ast
 import pytest
 from conftest import ROOT, grade
 
-from kbench.cli import main as cli
+from kbench.cli import commands as cli
 
 
 def test_help_and_version(capsys):

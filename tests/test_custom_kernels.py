@@ -8,7 +8,7 @@ import pytest
 from kbench.grading import custom_kernels
 from kbench.grading.channel import Stop
 from kbench.grading.options import Options, OptionsError
-from kbench.results.record import SubmissionResult
+from kbench.results.run_record import SubmissionResult
 from kbench.results.verdict import Status, Verdict
 from kbench.shared import protocol as p
 

@@ -6,11 +6,11 @@ counted apart, and a skipped verdict shows in the HTML like any other."""
 import pytest
 from conftest import FIXTURES, by_name, grade
 
-from kbench.cli import main as cli
+from kbench.cli import commands as cli
 from kbench.reports import html_report
 from kbench.reports.markdown import leaderboard
 from kbench.reports.summary import summarise
-from kbench.results.record import ProblemRun, RunResult, SubmissionResult
+from kbench.results.run_record import ProblemRun, RunResult, SubmissionResult
 from kbench.results.store import Store
 from kbench.results.verdict import Status
 

@@ -5,7 +5,7 @@ import importlib.util
 import pytest
 from conftest import FIXTURES, ROOT, by_name, grade, has_gpu, quick_task
 
-from kbench.cli import main as cli
+from kbench.cli import commands as cli
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not has_gpu, reason="needs a CUDA device")]
 

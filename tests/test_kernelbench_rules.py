@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import FIXTURES, by_name, grade
 
-from kbench.cli import main as cli
+from kbench.cli import commands as cli
 from kbench.grading import causes, kernelbench_rules
 from kbench.results.verdict import Status, Verdict
 

@@ -3,7 +3,7 @@ import random
 import pytest
 
 from kbench.grading import measurement
-from kbench.results.record import Benchmark, Measurement, SubmissionResult
+from kbench.results.run_record import Benchmark, Measurement, SubmissionResult
 from kbench.results.verdict import Status
 from kbench.shared.protocol import BadSamples, Samples
 

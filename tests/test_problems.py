@@ -160,7 +160,7 @@ def test_work_and_traffic_are_counted_for_a_problem_file():
 
 def test_achieved_flops_are_set_against_the_device_peak():
     from kbench.reports.markdown import _bandwidth
-    from kbench.results.record import Benchmark, Measurement
+    from kbench.results.run_record import Benchmark, Measurement
 
     bench = Benchmark(params={"M": 4096}, dtype="float32", flops=int(33.45e9))
     timed = Measurement(ms=1.0, ci=[0.99, 1.01], samples=10, gbps=100.0)

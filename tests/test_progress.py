@@ -3,7 +3,7 @@
 import io
 
 from kbench.cli.progress import Progress
-from kbench.results.record import SubmissionResult
+from kbench.results.run_record import SubmissionResult
 from kbench.results.verdict import Status
 
 

@@ -10,11 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from kbench.cli.main import main
-from kbench.reports import csv_report, html_report, writer
+from kbench.cli.commands import main
+from kbench.reports import csv_report, html_report, report_folder
 from kbench.reports import markdown as report
 from kbench.reports.run_diff import Floors, diff
-from kbench.results.record import Benchmark, Measurement, ProblemRun, RunResult, SubmissionResult
+from kbench.results.run_record import (
+    Benchmark,
+    Measurement,
+    ProblemRun,
+    RunResult,
+    SubmissionResult,
+)
 from kbench.results.verdict import Status
 
 HOSTILE = "<script>alert('reason')</script> and a very long tail " + "x" * 200
@@ -97,7 +103,7 @@ def test_the_page_escapes_what_submissions_wrote_and_links_logs_beside_it():
 
 
 def test_markdown_rows_stay_narrow_and_reasons_are_given_in_full_below(tmp_path):
-    board, _ = writer.write(_run(), tmp_path)
+    board, _ = report_folder.write(_run(), tmp_path)
     text = board.read_text()
     rows = [line for line in text.splitlines() if line.startswith("|")]
     assert rows and max(len(line) for line in rows) <= 120
@@ -116,7 +122,7 @@ def _chromium() -> str:
 
 def test_the_page_opens_in_a_browser_without_errors_and_draws_its_charts(tmp_path):
     browser = _chromium()
-    writer.write(_run(), tmp_path)
+    report_folder.write(_run(), tmp_path)
     url = (tmp_path / "index.html").as_uri()
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
              "--enable-logging=stderr", "--v=0"]

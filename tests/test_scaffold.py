@@ -2,7 +2,7 @@
 
 import ast
 
-from kbench.cli import main as cli
+from kbench.cli import commands as cli
 
 PROBLEM = '''import torch
 import torch.nn as nn

@@ -1,6 +1,6 @@
 import pytest
 
-from kbench.host import scan
+from kbench.host import source_scan
 
 KERNEL = 'load_inline(name="k", cuda_sources="__global__ void k() {}")\n'
 
@@ -23,24 +23,24 @@ KERNEL = 'load_inline(name="k", cuda_sources="__global__ void k() {}")\n'
     ("fds = os.listdir(f'/proc/{os.getppid()}/fd')", "introspection"),
 ])
 def test_labels_name_what_reviewers_look_for(snippet, label):
-    assert label in scan.flags(KERNEL + snippet)
-    assert "no-custom-kernel" not in scan.flags(KERNEL + snippet)
+    assert label in source_scan.flags(KERNEL + snippet)
+    assert "no-custom-kernel" not in source_scan.flags(KERNEL + snippet)
 
 
 def test_docstrings_and_comments_are_not_code():
     source = '"""Replaced torch.norm with a kernel; no threading."""\n# F.normalize was slow\n'
-    assert scan.flags(source + KERNEL) == []
+    assert source_scan.flags(source + KERNEL) == []
 
 
 def test_plain_kernel_has_no_labels():
-    assert scan.flags(KERNEL + "y = ext.run(x)") == []
+    assert source_scan.flags(KERNEL + "y = ext.run(x)") == []
     # launching on the caller's stream, as every kernel should, is not a label
-    assert scan.flags(KERNEL + "cudaStream_t s = at::cuda::getCurrentCUDAStream();") == []
-    assert scan.flags("y = x * 2") == ["no-custom-kernel"]
+    assert source_scan.flags(KERNEL + "cudaStream_t s = at::cuda::getCurrentCUDAStream();") == []
+    assert source_scan.flags("y = x * 2") == ["no-custom-kernel"]
 
 
 @pytest.mark.parametrize("kernel", ["@triton.jit\ndef k(x_ptr): pass",
                                     "@cute.kernel\ndef k(a): pass",
                                     "@T.prim_func\ndef k(A: T.Tensor): pass"])
 def test_kernels_of_every_language_count_as_custom(kernel):
-    assert "no-custom-kernel" not in scan.flags(kernel)
+    assert "no-custom-kernel" not in source_scan.flags(kernel)

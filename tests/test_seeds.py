@@ -3,7 +3,7 @@
 import pytest
 from conftest import ROOT, by_name, grade, has_gpu, has_nvcc
 
-from kbench.cli import main as cli
+from kbench.cli import commands as cli
 
 pytestmark = [
     pytest.mark.nvcc,

@@ -116,7 +116,7 @@ def test_several_cpu_slots_do_not_time(tmp_path, cache_dir, capsys):
 
 
 def test_a_problem_split_over_units_keeps_one_record():
-    from kbench.results.record import Benchmark, ProblemRun
+    from kbench.results.run_record import Benchmark, ProblemRun
 
     class Sink:
         problems: list[ProblemRun] = []

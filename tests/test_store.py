@@ -14,8 +14,8 @@ import psutil
 import pytest
 from conftest import FIXTURES, ROOT, by_name, grade, quick_task
 
-from kbench.cli import main as cli
-from kbench.reports import writer
+from kbench.cli import commands as cli
+from kbench.reports import report_folder
 from kbench.results.presence import LOCK_NAME
 from kbench.results.store import FILENAME, OPENING_LOCK, Store
 
@@ -262,7 +262,7 @@ def test_report_writes_are_atomic(tmp_path, monkeypatch):
     run_id = store.start_run(kbench_version="0", task="l2norm", task_hash="h", seed=1,
                              device="cpu", fingerprint="f", options={}, environment={})
     run = store.load_run(run_id)
-    writer.write(run, tmp_path)
+    report_folder.write(run, tmp_path)
     old = (tmp_path / "leaderboard.md").read_text()
 
     def broken_replace(src, dst):
@@ -271,7 +271,7 @@ def test_report_writes_are_atomic(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", broken_replace)
     run.notes.append("a change that never lands")
     with pytest.raises(OSError, match="disk full"):
-        writer.write(run, tmp_path)
+        report_folder.write(run, tmp_path)
     assert (tmp_path / "leaderboard.md").read_text() == old
     assert not [p for p in tmp_path.iterdir()
                 if p.name.startswith(".") and p.name not in (LOCK_NAME, OPENING_LOCK)]
@@ -279,7 +279,7 @@ def test_report_writes_are_atomic(tmp_path, monkeypatch):
 
 def test_reuse_needs_same_kbench_task_and_software(tmp_path):
     from kbench.host.environment import fingerprint
-    from kbench.results.record import ProblemRun, SubmissionResult
+    from kbench.results.run_record import ProblemRun, SubmissionResult
     from kbench.results.verdict import Status
 
     store = Store(tmp_path)
@@ -318,7 +318,7 @@ def test_a_store_of_version_2_is_carried_over(tmp_path):
     import json
     import sqlite3
 
-    from kbench.results.record import SubmissionResult
+    from kbench.results.run_record import SubmissionResult
     from kbench.results.verdict import Status
 
     store = Store(tmp_path)

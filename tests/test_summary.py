@@ -5,7 +5,7 @@ import pytest
 
 from kbench.reports.markdown import leaderboard
 from kbench.reports.summary import summarise
-from kbench.results.record import ProblemRun, RunResult, SubmissionResult
+from kbench.results.run_record import ProblemRun, RunResult, SubmissionResult
 from kbench.results.verdict import Status
 
 

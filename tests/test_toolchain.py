@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import FIXTURES, ROOT, by_name, grade, has_nvcc, quick_task
 
-from kbench.cli import main as cli
+from kbench.cli import commands as cli
 from kbench.host import doctor, toolchain
 from kbench.host.toolchain import find_toolchain, probe
 

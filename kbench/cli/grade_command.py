@@ -141,11 +141,11 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
 
 
 def render(store: Store, run_id: int, out_dir: Path, logs: bool = False) -> int:
-    from kbench.reports import markdown, writer
+    from kbench.reports import markdown, report_folder
 
     run = store.load_run(run_id)
     histories = {sub.name: store.history(sub.name) for sub in run.submissions}
-    writer.write(run, out_dir, histories)
+    report_folder.write(run, out_dir, histories)
     print()
     print(markdown.leaderboard(run))
     print(f"wrote {out_dir / 'index.html'} (open it in a browser), and leaderboard.md, "

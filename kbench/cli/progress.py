@@ -10,7 +10,7 @@ from collections import Counter
 from typing import TextIO
 
 from kbench.reports.markdown import progress_line
-from kbench.results.record import SubmissionResult
+from kbench.results.run_record import SubmissionResult
 
 
 class Progress:

@@ -11,7 +11,7 @@ import torch
 
 from kbench.grading import kernelbench_rules
 from kbench.grading.context import Context
-from kbench.results.record import SubmissionResult, params_text
+from kbench.results.run_record import SubmissionResult, params_text
 from kbench.results.verdict import Status, Verdict
 
 # A compiler error about torch's C++ API itself: a member, conversion, header or symbol of

@@ -9,7 +9,7 @@ from kbench.grading.context import Context
 from kbench.problems.discovery import Submission
 from kbench.problems.task import Params
 from kbench.results import verdict as verdicts
-from kbench.results.record import params_text
+from kbench.results.run_record import params_text
 from kbench.results.verdict import Status, Verdict
 from kbench.sandbox import Sandbox, SandboxFailure
 from kbench.shared import protocol

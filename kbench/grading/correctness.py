@@ -17,7 +17,7 @@ from kbench.grading.compare import compare, fingerprint, identical, needed_scale
 from kbench.grading.context import Context, NoExact
 from kbench.problems.cases import Case
 from kbench.problems.discovery import Submission
-from kbench.results.record import SubmissionResult, error_line
+from kbench.results.run_record import SubmissionResult, error_line
 from kbench.results.verdict import Status, Verdict
 from kbench.shared import protocol
 

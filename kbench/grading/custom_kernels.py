@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
 from kbench.problems.task import Params
-from kbench.results.record import SubmissionResult, params_text
+from kbench.results.run_record import SubmissionResult, params_text
 from kbench.results.verdict import Status, Verdict
 from kbench.shared import protocol
 

@@ -12,7 +12,7 @@ import torch
 from kbench.grading.compare import identical, needed_scale
 from kbench.grading.context import Context, Expected
 from kbench.problems.cases import Case
-from kbench.results.record import params_text
+from kbench.results.run_record import params_text
 from kbench.shared import inputs
 from kbench.shared.outputs import flatten
 

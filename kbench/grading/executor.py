@@ -25,7 +25,7 @@ from kbench.problems.cases import CaseError
 from kbench.problems.load import load_task
 from kbench.problems.task import TaskError
 from kbench.results.presence import Presence
-from kbench.results.record import Benchmark, ProblemRun, SubmissionResult
+from kbench.results.run_record import Benchmark, ProblemRun, SubmissionResult
 from kbench.results.verdict import Status
 from kbench.shared.protocol import Samples
 

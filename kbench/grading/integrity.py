@@ -16,7 +16,7 @@ from kbench.grading.compare import compare_in_chunks
 from kbench.grading.context import Context
 from kbench.grading.options import TimingMode
 from kbench.problems.task import Params
-from kbench.results.record import Benchmark, params_text
+from kbench.results.run_record import Benchmark, params_text
 from kbench.results.verdict import Status, Verdict
 from kbench.shared import protocol
 from kbench.shared.fingerprint import fingerprint, same_fingerprint

@@ -14,7 +14,7 @@ from typing import Protocol
 from kbench.grading.options import Options
 from kbench.problems.discovery import Submission
 from kbench.results.presence import Presence
-from kbench.results.record import ProblemRun, SubmissionResult
+from kbench.results.run_record import ProblemRun, SubmissionResult
 
 
 @dataclass(frozen=True)

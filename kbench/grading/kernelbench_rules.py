@@ -24,7 +24,7 @@ from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
 from kbench.problems.discovery import Submission
 from kbench.problems.task import Params
-from kbench.results.record import RuleVerdict, params_text
+from kbench.results.run_record import RuleVerdict, params_text
 from kbench.results.verdict import Status, Verdict
 from kbench.shared import inputs, protocol
 from kbench.shared.outputs import as_tensor

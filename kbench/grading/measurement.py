@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from kbench.results.record import Benchmark, Measurement, SubmissionResult
+from kbench.results.run_record import Benchmark, Measurement, SubmissionResult
 from kbench.shared import stats
 from kbench.shared.protocol import Samples
 

@@ -11,7 +11,7 @@ from kbench.grading import correctness, measurement
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
 from kbench.problems.task import Params
-from kbench.results.record import Benchmark, params_text
+from kbench.results.run_record import Benchmark, params_text
 from kbench.results.verdict import Status, Verdict
 from kbench.sandbox import child_env
 from kbench.shared import protocol

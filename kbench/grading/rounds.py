@@ -13,7 +13,7 @@ from kbench.grading.channel import Channel
 from kbench.grading.context import Context
 from kbench.grading.options import TimingMode
 from kbench.grading.reference_pool import ReferencePool, ReferenceWorker
-from kbench.results.record import Benchmark, SubmissionResult
+from kbench.results.run_record import Benchmark, SubmissionResult
 from kbench.shared.protocol import Samples
 
 OpenRound = Callable[[int], Channel]  # round r -> a new process of the submission, loaded

@@ -16,7 +16,7 @@ from kbench.grading.options import Options
 from kbench.host import environment
 from kbench.problems.discovery import Submission
 from kbench.problems.task import Task
-from kbench.results.record import ProblemRun, SubmissionResult
+from kbench.results.run_record import ProblemRun, SubmissionResult
 from kbench.results.store import Store
 from kbench.sandbox import remove_stale_logs
 

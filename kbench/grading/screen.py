@@ -24,7 +24,7 @@ from kbench.grading.compare import needed_scale
 from kbench.grading.context import Context, Expected, NoExact
 from kbench.problems.cases import Case
 from kbench.problems.trial import TrialError, on_meta
-from kbench.results.record import error_line, params_text
+from kbench.results.run_record import error_line, params_text
 from kbench.shared.outputs import Unsupported, as_tensor
 
 # A case a lazy output passes is tightened so that it fails by this factor, where the

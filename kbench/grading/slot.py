@@ -17,10 +17,10 @@ from kbench.grading.context import Context
 from kbench.grading.options import Rules
 from kbench.grading.reference_pool import ReferencePool
 from kbench.grading.watch import Watcher, tampered
-from kbench.host import backends, scan
+from kbench.host import backends, source_scan
 from kbench.problems.discovery import Submission
 from kbench.problems.task import Params
-from kbench.results.record import Benchmark, RuleVerdict, SubmissionResult
+from kbench.results.run_record import Benchmark, RuleVerdict, SubmissionResult
 from kbench.results.verdict import Status, Verdict
 
 
@@ -42,7 +42,7 @@ class Slot:
         source = sub.path.read_text(errors="replace")
         result = SubmissionResult(
             name=sub.name, path=str(sub.path), sha256=sub.sha256,
-            status=Status.OK, flags=scan.flags(source),
+            status=Status.OK, flags=source_scan.flags(source),
             cases_total=kb_rules.TRIALS if _kernelbench_ranks(ctx) else len(ctx.cases),
             build_s=round(built.seconds, 2), logs=[str(ctx.logs / f"{sub.log_name}.build.log")],
             problem=ctx.task.name, backend=backends.for_source(source).name)

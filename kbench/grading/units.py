@@ -13,7 +13,7 @@ from kbench.grading.building import Built
 from kbench.grading.executor import LocalExecutor
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Options
-from kbench.results.record import ProblemRun, SubmissionResult
+from kbench.results.run_record import ProblemRun, SubmissionResult
 from kbench.results.verdict import Status
 
 # {"problem": ProblemRun dict} | {"result": SubmissionResult dict} | {"say": str}

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 
 from kbench.problems.task import Params, Task
-from kbench.results.record import params_text
+from kbench.results.run_record import params_text
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 from kbench.problems import sizes
 from kbench.problems.task import Correctness, Task, TaskError, digest
 from kbench.problems.task_yaml import _Reader, build
-from kbench.results.record import error_line
+from kbench.results.run_record import error_line
 from kbench.shared import inputs
 
 RANDOM_CASES = 8

@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from kbench.results.record import error_line
+from kbench.results.run_record import error_line
 from kbench.shared import inputs
 from kbench.shared.outputs import Unsupported, flatten, tensors
 

@@ -16,7 +16,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 from kbench.host.peaks import peak_tflops  # noqa: E402
 from kbench.reports.summary import best_per_problem  # noqa: E402
-from kbench.results.record import (  # noqa: E402
+from kbench.results.run_record import (  # noqa: E402
     Benchmark,
     ProblemRun,
     RunResult,

@@ -32,7 +32,7 @@ from __future__ import annotations
 import csv
 import io
 
-from kbench.results.record import Benchmark, RunResult, SubmissionResult
+from kbench.results.run_record import Benchmark, RunResult, SubmissionResult
 
 COLUMNS = ("run_id", "profile", "problem", "submission", "backend", "status", "reason",
            "rules", "kernelbench_status", "kernelbench_reason",

@@ -11,7 +11,7 @@ from pathlib import Path
 from kbench.grading.options import profile_text
 from kbench.reports import charts
 from kbench.reports.summary import THRESHOLDS, degenerate_counts, summarise
-from kbench.results.record import Benchmark, ProblemRun, RunResult, SubmissionResult, ms_text
+from kbench.results.run_record import Benchmark, ProblemRun, RunResult, SubmissionResult, ms_text
 from kbench.results.verdict import Status
 
 _CSS = """

@@ -1,5 +1,5 @@
-"""A RunResult as Markdown: progress lines and leaderboard.md (kbench.reports.writer writes it
-with the other formats)."""
+"""A RunResult as Markdown: progress lines and leaderboard.md (report_folder.py writes it with
+the other formats)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tabulate import tabulate
 from kbench.grading.options import profile_text
 from kbench.host.peaks import peak_tflops
 from kbench.reports.summary import THRESHOLDS, degenerate_counts, summarise
-from kbench.results.record import (
+from kbench.results.run_record import (
     LAUNCH_BOUND_MS,
     Benchmark,
     Measurement,

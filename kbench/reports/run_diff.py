@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from kbench.results.record import RunResult, params_text
+from kbench.results.run_record import RunResult, params_text
 from kbench.results.verdict import Status
 
 NOISE_FLOOR_PCT = 3.0  # smallest change called beyond noise, where intervals are disjoint

@@ -8,8 +8,8 @@ reference, judged on the lower bound of the speedup's 95 % interval: a submissio
 the reference itself does not count as faster by luck. KernelBench's plain fast_p (on the
 median alone) stands beside it, and the same against torch.compile. Problems that could not
 be graded at all (task_error), problems whose every submission was skipped (this machine could
-not run them: no verdict on the kernel) and degenerate problems (kbench.results.record.ProblemRun:
-a lazy kernel may pass them, unless the run includes them) are left out of the shares and
+not run them: no verdict on the kernel) and degenerate problems (run_record.ProblemRun: a
+lazy kernel may pass them, unless the run includes them) are left out of the shares and
 counted apart.
 """
 
@@ -19,7 +19,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kbench.results.record import RunResult, SubmissionResult
+from kbench.results.run_record import RunResult, SubmissionResult
 from kbench.results.verdict import Status
 from kbench.shared.stats import geomean
 

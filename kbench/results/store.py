@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kbench.results import schema
+from kbench.results import store_schema
 from kbench.results.presence import Presence
-from kbench.results.record import ProblemRun, RunResult, SubmissionResult
+from kbench.results.run_record import ProblemRun, RunResult, SubmissionResult
 from kbench.results.verdict import Status
 
 FILENAME = "kbench.sqlite3"
@@ -91,15 +91,15 @@ class Store:
             os.close(fd)  # releases the lock
 
     def _create_or_upgrade(self) -> None:
-        if self.db.execute("PRAGMA application_id").fetchone()[0] != schema.APPLICATION_ID:
-            for statement in schema.TABLES.split(";"):
+        if self.db.execute("PRAGMA application_id").fetchone()[0] != store_schema.APPLICATION_ID:
+            for statement in store_schema.TABLES.split(";"):
                 self.db.execute(statement)
-            self.db.execute(f"PRAGMA application_id = {schema.APPLICATION_ID}")
-            self.db.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION}")
+            self.db.execute(f"PRAGMA application_id = {store_schema.APPLICATION_ID}")
+            self.db.execute(f"PRAGMA user_version = {store_schema.SCHEMA_VERSION}")
         elif self.db.execute("PRAGMA user_version").fetchone()[0] == 2:
-            for statement in (schema.TABLES + ";" + schema.FROM_V2).split(";"):
+            for statement in (store_schema.TABLES + ";" + store_schema.FROM_V2).split(";"):
                 self.db.execute(statement)
-            self.db.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION}")
+            self.db.execute(f"PRAGMA user_version = {store_schema.SCHEMA_VERSION}")
 
     def _check_is_ours(self) -> None:
         """Refuse, without touching it, a file that is not an empty or kbench store."""
@@ -116,11 +116,12 @@ class Store:
                 probe.close()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a kbench results store ({exc}); {hint}") from None
-        if tables and app_id != schema.APPLICATION_ID:
+        if tables and app_id != store_schema.APPLICATION_ID:
             raise StoreError(f"{self.path}: an SQLite file that kbench did not write; {hint}")
-        if app_id == schema.APPLICATION_ID and version not in (2, schema.SCHEMA_VERSION):
+        if app_id == store_schema.APPLICATION_ID and \
+                version not in (2, store_schema.SCHEMA_VERSION):
             raise StoreError(f"{self.path}: written by a kbench with store version {version}, "
-                             f"this one reads {schema.SCHEMA_VERSION}; {hint}")
+                             f"this one reads {store_schema.SCHEMA_VERSION}; {hint}")
 
     @contextmanager
     def _write(self) -> Iterator[None]:

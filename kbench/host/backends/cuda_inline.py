@@ -3,7 +3,7 @@ compiles against this torch, kbench.host.toolchain) and, to run, a CUDA device."
 
 from __future__ import annotations
 
-from kbench.host import scan
+from kbench.host import source_scan
 from kbench.host.backends.base import Backend
 from kbench.host.toolchain import Toolchain
 from kbench.results.verdict import Status, Verdict
@@ -13,7 +13,7 @@ class CudaInline(Backend):
     name = "cuda"
 
     def claims(self, source: str) -> bool:
-        return scan.needs_cuda(source)
+        return source_scan.needs_cuda(source)
 
     def unavailable(self, toolchain: Toolchain, environment_problem: str | None,
                     source: str = "") -> Verdict | None:

@@ -9,7 +9,7 @@ import ast
 import importlib.util
 from pathlib import Path
 
-from kbench.host import scan
+from kbench.host import source_scan
 from kbench.host.backends.base import Backend
 from kbench.host.toolchain import Toolchain
 from kbench.results.verdict import Status, Verdict
@@ -24,7 +24,7 @@ class PythonDsl(Backend):
         self.cache_vars = cache_vars  # what points its compile cache into the build folder
 
     def claims(self, source: str) -> bool:
-        return self.module in scan.imported(source)
+        return self.module in source_scan.imported(source)
 
     def unavailable(self, toolchain: Toolchain, environment_problem: str | None,
                     source: str = "") -> Verdict | None:

@@ -19,7 +19,7 @@ from kbench.host import paths
 
 if TYPE_CHECKING:  # imported lazily at run time: `kbench --help` stays fast
     from kbench.problems.discovery import Problem
-    from kbench.results.record import ProblemRun
+    from kbench.results.run_record import ProblemRun
     from kbench.results.store import Store
 
 

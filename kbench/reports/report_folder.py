@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kbench.reports import charts, csv_report, html_report
 from kbench.reports.markdown import device_text, leaderboard
-from kbench.results.record import RunResult
+from kbench.results.run_record import RunResult
 
 MARKDOWN_PROBLEMS = 20  # per-problem charts in leaderboard.md up to this many problems
 
