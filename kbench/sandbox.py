@@ -38,7 +38,7 @@ import psutil
 import torch
 import torch.multiprocessing  # noqa: F401  (registers tensor sharing with the pickler)
 
-from kbench.host import paths, proctree
+from kbench.host import interrupt, paths, proctree
 from kbench.shared import protocol
 
 _POLL_S = 0.05
@@ -109,7 +109,7 @@ class Sandbox:
         self.memory_bytes = memory_bytes
         self.log_bytes = log_bytes
         spare = _SPARES.pop(log_path, None)
-        if spare is not None and spare.env == env and spare.proc.poll() is None:
+        if spare is not None and spare.env == env and proctree.exited(spare.proc) is None:
             started = spare
         else:
             if spare is not None:
@@ -129,9 +129,19 @@ class Sandbox:
 
     def request(self, message: protocol.Request, timeout: float) -> object:
         """Send one request; return the child's answer within ``timeout`` seconds, unpickled
-        with the allow-list but not yet decoded (kbench.shared.protocol.decode does that)."""
-        with contextlib.suppress(OSError):  # stopped by another worker's SIGSTOP? go on
-            os.killpg(self.proc.pid, signal.SIGCONT)
+        with the allow-list but not yet decoded (kbench.shared.protocol.decode does that).
+        Once kbench is told to stop (kbench.host.interrupt), a failure is kbench's doing:
+        Interrupted, never a verdict."""
+        try:
+            return self._request(message, timeout)
+        except SandboxFailure:
+            interrupt.check()
+            raise
+
+    def _request(self, message: protocol.Request, timeout: float) -> object:
+        if self.proc.returncode is None:  # stopped by another worker's SIGSTOP? go on
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGCONT)
         try:
             self.conn.send(protocol.encode(message))
         except OSError:
@@ -162,10 +172,7 @@ class Sandbox:
         return answer
 
     def _raise_if_dead(self, wait: bool = False) -> None:
-        try:
-            code = self.proc.wait(timeout=_EXIT_GRACE_S) if wait else self.proc.poll()
-        except subprocess.TimeoutExpired:
-            code = None
+        code = proctree.exited(self.proc, _EXIT_GRACE_S if wait else 0.0)
         if code is None:
             return
         self.kill()
@@ -188,6 +195,8 @@ class Sandbox:
                                  f"above the {self.memory_bytes / 2**30:g} GiB limit")
 
     def _tree(self) -> list[psutil.Process]:
+        if self.proc.returncode is not None:  # reaped: its pid may be another process's now
+            return []
         pids = proctree.descendants(self.proc.pid)
         if pids is not None:
             found = []
@@ -232,12 +241,14 @@ class Sandbox:
                     proc.resume()
 
     def kill(self) -> None:
-        """Kill the worker's process group and every descendant that left it."""
+        """Kill the worker's process group and every descendant that left it. The worker is
+        reaped only after its group is killed: until then its pid, which names the group, is
+        not given to another process (pids are reused, and a grader must never signal another
+        run's processes)."""
         stray = self._tree()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         for proc in stray:
             try:
                 proc.kill()
@@ -247,6 +258,7 @@ class Sandbox:
             self.proc.wait(timeout=_EXIT_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
+        interrupt.drop_session(self.proc.pid)
         if swept := proctree.sweep(self.mark, self.proc.pid, descendants=len(stray) > 1):
             with contextlib.suppress(OSError), open(self.log_path, "a") as log:
                 log.write(f"\nkbench: killed what the worker left running after it: "
@@ -254,12 +266,10 @@ class Sandbox:
 
     def close(self) -> None:
         """Ask the worker to exit, then make sure its whole tree is gone."""
-        if self.proc.poll() is None:
-            try:
+        if proctree.exited(self.proc) is None:
+            with contextlib.suppress(OSError):
                 self.conn.send(protocol.encode(protocol.Exit()))
-                self.proc.wait(timeout=_EXIT_GRACE_S)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
+                proctree.exited(self.proc, _EXIT_GRACE_S)
         self.kill()
         self.conn.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -278,6 +288,7 @@ class _Started:
     and, where it was started as a spare for a CUDA device, its CUDA context made."""
 
     def __init__(self, log_path: Path, env: dict[str, str], device: str = "") -> None:
+        interrupt.check()  # nothing new starts once kbench is told to stop
         # Written under a private name, renamed into place on close: two graders sharing an
         # output folder never interleave their logs.
         self.env = env
@@ -290,10 +301,12 @@ class _Started:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kbench.worker", str(child_end.fileno()), str(os.getpid()),
-                 device], cwd=self.scratch, env={**env, proctree.MARK: self.mark},
+                 device], cwd=self.scratch,
+                env={**env, proctree.MARK: self.mark, proctree.OWNER: proctree.owner_token()},
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(child_end.fileno(),), start_new_session=True)
         own(self.proc.pid)
+        interrupt.add_session(self.proc.pid)  # its own session, named by its pid
         child_end.close()
         self.conn = Connection(parent_end.detach())
         self.conn.send_bytes(multiprocessing.current_process().authkey)
@@ -303,6 +316,7 @@ class _Started:
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=_EXIT_GRACE_S)
+        interrupt.drop_session(self.proc.pid)
         proctree.sweep(self.mark, self.proc.pid, descendants=True)
         self.conn.close()
         shutil.rmtree(self.scratch, ignore_errors=True)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # imported lazily at run time: `kbench --help` stays fast
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for the command that resumes
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2

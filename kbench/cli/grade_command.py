@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import secrets
+import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,10 +46,37 @@ def grade(args: argparse.Namespace) -> int:
     except (DiscoveryError, TaskError, StoreError) as exc:
         return fail(str(exc))
     label = plan[0].name if len(plan) == 1 else label
+    from kbench.host import interrupt
+
+    interrupt.reset()
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    interrupt.install()  # Ctrl-C and SIGTERM: stop, keep what is stored, say how to resume
     try:
         return _grade_into(store, label, plan, out_dir, args)
+    except interrupt.Interrupted as stopped:
+        return _interrupted(store, stopped, out_dir, args)
     finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
         store.close()  # and with it this process's claim on the run
+
+
+def _interrupted(store: Store, stopped: BaseException, out_dir: Path,
+                 args: argparse.Namespace) -> int:
+    """After kbench's own stop: the reports of what is stored, and the command that grades
+    the rest; the exit status says which signal stopped it (128 + its number)."""
+    from kbench.host import interrupt
+
+    interrupt.wait_children()
+    if stopped.run_id is None:
+        print("kbench: stopped before grading began; nothing was stored", file=sys.stderr)
+    else:
+        render(store, stopped.run_id, out_dir, logs=True)
+        again = [a for a in args.argv if a != "--resume"] + ["--resume"]
+        print(f"kbench: stopped ({stopped}); run {stopped.run_id} keeps "
+              f"{len(store.graded_names(stopped.run_id))} result(s). To grade the rest:\n"
+              f"  kbench {shlex.join(again)}", flush=True)
+    return 128 + stopped.signum
 
 
 def _plan(assigned: dict) -> list:

@@ -9,14 +9,14 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
 
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
-from kbench.host import backends
+from kbench.host import backends, build_lock
 from kbench.host.build_dirs import build_dir
 from kbench.problems.discovery import Submission
 from kbench.results.verdict import Status, Verdict
@@ -28,17 +28,19 @@ from kbench.shared import protocol
 class Built:
     verdict: Verdict | None  # None: built (or nothing to build)
     seconds: float
+    cleared: str = ""  # what an interrupted earlier build left, removed first (build_lock)
 
     def to_dict(self) -> dict:
         verdict = self.verdict
         return {"status": None if verdict is None else verdict.status.value,
-                "reason": "" if verdict is None else verdict.reason, "seconds": self.seconds}
+                "reason": "" if verdict is None else verdict.reason, "seconds": self.seconds,
+                "cleared": self.cleared}
 
     @classmethod
     def from_dict(cls, data: dict) -> Built:
         status = data["status"]
         return cls(None if status is None else Verdict(Status(status), data["reason"]),
-                   data["seconds"])
+                   data["seconds"], data.get("cleared", ""))
 
 
 def folder(ctx: Context, sub: Submission) -> Path:
@@ -69,7 +71,7 @@ def warm(ctx: Context, sub: Submission) -> Built:
     def run() -> None:
         with Channel(ctx, f"{sub.log_name}.warm.log", env(ctx, sub)) as channel:
             _warm(ctx, channel, sub)
-    return _timed(run)
+    return _locked(ctx, sub, run, ctx.task.limits.build_s)
 
 
 def _warm(ctx: Context, channel: Channel, sub: Submission) -> None:
@@ -92,16 +94,20 @@ def _warm(ctx: Context, channel: Channel, sub: Submission) -> None:
 
 
 def outcome(built: Built) -> str:
+    cleared = f" ({built.cleared})" if built.cleared else ""
     if built.verdict is None:
-        return f"built in {built.seconds:.0f} s"
+        return f"built in {built.seconds:.0f} s{cleared}"
     took = f" after {built.seconds:.0f} s" if built.seconds else ""
-    return f"not built{took}: {built.verdict.status.value}"
+    return f"not built{took}: {built.verdict.status.value}{cleared}"
 
 
 def build(ctx: Context, sub: Submission, environment_problem: str | None, cores: int,
-          cpus: tuple[int, ...] = (), nice: int = 0) -> Built:
+          cpus: tuple[int, ...] = (), nice: int = 0, lock_wait_s: float | None = None
+          ) -> Built:
     """Import the submission once in its own process, on ``cpus`` at ``nice``: this compiles
-    its extensions (with ``cores`` at most)."""
+    its extensions (with ``cores`` at most), holding its build folder's lock (waiting up to
+    ``lock_wait_s`` for another kbench process that builds it, default the build's limit;
+    kbench.host.build_lock.Busy after that)."""
     source = sub.path.read_text(errors="replace")
     if verdict := backends.for_source(source).unavailable(ctx.toolchain, environment_problem,
                                                           source):
@@ -110,7 +116,16 @@ def build(ctx: Context, sub: Submission, environment_problem: str | None, cores:
         with Channel(ctx, f"{sub.log_name}.build.log", env(ctx, sub, cores), cpus,
                      nice) as channel:
             channel.load(sub, instantiate=False, stage="build")
-    return _timed(run)
+    wait = ctx.task.limits.build_s if lock_wait_s is None else lock_wait_s
+    return _locked(ctx, sub, run, wait)
+
+
+def _locked(ctx: Context, sub: Submission, run: Callable[[], None], wait_s: float) -> Built:
+    """``run`` as a build (``_timed``) under the build folder's lock, after what an
+    interrupted build left there is cleared (kbench.host.build_lock)."""
+    with build_lock.held(folder(ctx, sub), wait_s) as cleared:
+        built = _timed(run)
+    return replace(built, cleared="; ".join(cleared)) if cleared else built
 
 
 def _timed(run: Callable[[], None]) -> Built:

@@ -17,6 +17,7 @@ submissions are graded again at the end, too."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import traceback
 from collections.abc import Callable, Iterable
@@ -30,9 +31,12 @@ from kbench.grading.hostsplit import HostSplit
 from kbench.grading.jobs import Job
 from kbench.grading.options import Options
 from kbench.grading.watch import Watcher, tampered
+from kbench.host import build_lock, interrupt
 from kbench.host.build_dirs import build_dir
 from kbench.host.toolchain import Toolchain
 from kbench.problems.load import load_task
+
+_LOCK_WAIT_S = 10.0  # then a build whose folder another kbench process holds waits its turn
 
 
 class Pipeline:
@@ -159,35 +163,55 @@ class Pipeline:
         return settled
 
     def _work(self) -> None:
-        while True:
-            with self.cond:
-                self.cond.wait_for(lambda: self._todo or self._loaded or self._stopping)
-                if self._stopping or not self._todo:
-                    return
-                job = self._todo.popleft()
-                self._in_flight.add(job.path)
-                # A check first, while its folder is still compared: what an earlier build
-                # planted there is found before this build loads it.
-                ticket, self._check_due = self._tick, True
-                self._tickets[job.path] = ticket
-                self.cond.notify_all()
-                self.cond.wait_for(lambda t=ticket: self._checked > t or self._stopping)
-                if self._stopping:
-                    return
-                self._tick += 1
-                self._started[job.path] = self._tick
-            built = None
-            try:
-                ctx = self._contexts[(job.task, job.problem)]
-                if ctx is not None:
-                    built = building.build(ctx, job.submission(), self.environment_problem,
-                                           self.split.cores_per_build(), self.split.build,
-                                           self.split.nice)
-                    self.say(f"{job.problem}: {job.name} {building.outcome(built)}")
-            except Exception:  # kbench's own bug: the grader builds this one itself
-                traceback.print_exc()
-            finally:  # whatever happens, the job is out: no grader waits for it forever
+        with contextlib.suppress(interrupt.Interrupted):  # kbench's stop: nothing is out
+            while self._build_next():
+                pass
+
+    def _build_next(self) -> bool:
+        """Take the next job and build it; False once there is none (or kbench stops)."""
+        with self.cond:
+            self.cond.wait_for(lambda: self._todo or self._loaded or self._stopping)
+            if self._stopping or not self._todo or interrupt.requested():
+                return False
+            job = self._todo.popleft()
+            self._in_flight.add(job.path)
+            # A check first, while its folder is still compared: what an earlier build
+            # planted there is found before this build loads it.
+            ticket, self._check_due = self._tick, True
+            self._tickets[job.path] = ticket
+            self.cond.notify_all()
+            self.cond.wait_for(lambda t=ticket: self._checked > t or self._stopping)
+            if self._stopping:
+                return False
+            self._tick += 1
+            self._started[job.path] = self._tick
+        built, out = None, True
+        try:
+            ctx = self._contexts[(job.task, job.problem)]
+            if ctx is not None:
+                built = building.build(ctx, job.submission(), self.environment_problem,
+                                       self.split.cores_per_build(), self.split.build,
+                                       self.split.nice, lock_wait_s=_LOCK_WAIT_S)
+                self.say(f"{job.problem}: {job.name} {building.outcome(built)}")
+        except build_lock.Busy as busy:  # another kbench process builds it: not a failure
+            self.say(f"{job.problem}: {job.name}: {busy}; tried again after the others")
+            out = False
+            self._again(job)
+        except Exception:  # kbench's own bug: the grader builds this one itself
+            traceback.print_exc()
+        finally:  # whatever happens, the job is out: no grader waits for it forever
+            if out:
                 self._finished(job, built)
+        return True
+
+    def _again(self, job: Job) -> None:
+        """A job whose build folder another process holds, back at the end of the queue."""
+        with self.cond:
+            self._in_flight.discard(job.path)
+            self._started.pop(job.path, None)
+            self._tickets.pop(job.path, None)
+            self._todo.append(job)
+            self.cond.notify_all()
 
     def _finished(self, job: Job, built: Built | None) -> None:
         with self.cond:

@@ -13,7 +13,7 @@ from pathlib import Path
 from kbench import __version__
 from kbench.grading.jobs import Executor, Job
 from kbench.grading.options import Options
-from kbench.host import environment
+from kbench.host import environment, interrupt, proctree
 from kbench.problems.discovery import Submission
 from kbench.problems.task import Task
 from kbench.results.run_record import ProblemRun, SubmissionResult
@@ -66,7 +66,10 @@ def grade(label: str, plan: Plan, options: Options, executor: Executor, store: S
     """Grade into ``store``: a new run named ``label``, or the rest of ``run_id``. Each
     result is stored the moment it is known and passed to ``on_result`` with its place among
     the submissions this call grades. Returns the run's id. Raises StoreError if another
-    kbench process is grading ``run_id``."""
+    kbench process is grading ``run_id``, and Interrupted (its ``run_id`` set) when kbench is
+    told to stop: the run stays unfinished, for ``--resume``."""
+    if swept := proctree.sweep_abandoned():
+        say(f"killed {len(swept)} process(es) that kbench runs since ended had left running")
     env = executor.environment()
     fingerprint = environment.fingerprint(env)
     if run_id is None:
@@ -74,15 +77,33 @@ def grade(label: str, plan: Plan, options: Options, executor: Executor, store: S
             kbench_version=__version__, task=label, task_hash=plan_digest(plan),
             seed=options.seed, device=options.device.value, fingerprint=fingerprint,
             options=options.resumable(), environment=env)
-    store.claim(run_id)
-    store.set_problems(run_id, env["problems"])  # a resume says what it saw
-    remove_stale_logs(options.out_dir / "logs")
-    graded = store.graded_names(run_id)
-    left = [(e, sub) for e in plan for sub in e.submissions if sub.name not in graded]
-    if graded:
-        say(f"run {run_id} has {len(graded)} result(s) stored; grading the other {len(left)}")
-    done = iter(range(1, len(left) + 1))
-    sink = _StoreSink(store, run_id, lambda result: on_result(result, next(done), len(left)))
+    try:
+        store.claim(run_id)
+        store.set_problems(run_id, env["problems"])  # a resume says what it saw
+        remove_stale_logs(options.out_dir / "logs")
+        graded = store.graded_names(run_id)
+        left = [(e, sub) for e in plan for sub in e.submissions if sub.name not in graded]
+        if graded:
+            say(f"run {run_id} has {len(graded)} result(s) stored; "
+                f"grading the other {len(left)}")
+        done = iter(range(1, len(left) + 1))
+        sink = _StoreSink(store, run_id,
+                          lambda result: on_result(result, next(done), len(left)))
+        todo = _reuse(left, options, store, fingerprint, force, sink)
+        if todo:
+            executor.run(todo, sink)
+        interrupt.check()
+    except interrupt.Interrupted as stopped:
+        stopped.run_id = run_id
+        raise
+    store.finish_run(run_id)
+    return run_id
+
+
+def _reuse(left: list[tuple[Entry, Submission]], options: Options, store: Store,
+           fingerprint: str, force: bool, sink: _StoreSink) -> list[Job]:
+    """Each stored result of an unchanged file under the same conditions into ``sink``; the
+    jobs of the others, to grade."""
     todo = []
     reused: set[str] = set()
     for entry, sub in left:
@@ -103,7 +124,4 @@ def grade(label: str, plan: Plan, options: Options, executor: Executor, store: S
         result.name, result.path, result.reused_from_run = sub.name, str(sub.path), earlier[0]
         result.problem = entry.name
         sink.result(result)
-    if todo:
-        executor.run(todo, sink)
-    store.finish_run(run_id)
-    return run_id
+    return todo

@@ -9,9 +9,11 @@ ending each unit with ``{"done": true}``; whatever else it prints goes to stderr
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +28,7 @@ from kbench.grading.executor import LocalExecutor
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Device, Options, OptionsError
 from kbench.grading.pipeline import Pipeline
+from kbench.host import interrupt, proctree
 
 _RETRIES = 1  # a unit whose slot died is given to a slot once more, then infrastructure_error
 _EXIT_WAIT_S = 5.0  # a slot process whose event stream ended is given this long to exit
@@ -107,12 +110,16 @@ class SlotsExecutor:
             threading.Thread(target=self._serve, args=(slot, self.split.timing[k], work, outbox),
                              daemon=True).start()
         running = len(slots)
-        while running:  # this thread alone passes events on: the store has one writer
-            where, number, event = outbox.get()
-            if event is None:
-                running -= 1
-            else:
-                deliver(event, where, number)
+        try:
+            while running:  # this thread alone passes events on: the store has one writer
+                where, number, event = outbox.get()
+                if event is None:
+                    running -= 1
+                else:
+                    deliver(event, where, number)
+        except interrupt.Interrupted:  # what the slots finished before they stopped is kept
+            _drain(outbox, deliver, running)
+            raise
         for unit, _ in work.left():  # every slot's process failed to start: nothing guessed
             for result in units.lost(unit.jobs, "no slot was left to grade it"):
                 deliver({"result": result.to_dict()}, "driver", unit.number)
@@ -136,7 +143,12 @@ class SlotsExecutor:
                 left, broke = self._unit(process, unit, outbox, slot)
                 if not left:
                     continue
+                if interrupt.requested():  # told to stop: its jobs are left for --resume
+                    break
                 why = f"its slot ({slot.name}) process {_ended(process)}{broke}"
+                if swept := proctree.sweep_abandoned():
+                    outbox.put((slot.name, unit.number, {
+                        "say": f"killed {len(swept)} process(es) its lost slot left"}))
                 if tries < _RETRIES:
                     outbox.put((slot.name, unit.number, {
                         "say": f"lost {len(left)} job(s): {why}; queued again"}))
@@ -149,6 +161,7 @@ class SlotsExecutor:
                 with contextlib.suppress(OSError):
                     process.stdin.close()
                 process.wait()
+                interrupt.drop_child(process.pid)
             outbox.put((slot.name, -1, None))
 
     @staticmethod
@@ -229,22 +242,46 @@ def _ended(process: subprocess.Popen) -> str:
         return "stopped sending events and was killed"
 
 
+def _drain(outbox: queue.Queue, deliver: units.Delivery, running: int, wait_s: float = 10.0
+           ) -> None:
+    """After kbench's stop: the events of slots that are ending (told to stop), until each
+    slot's thread has said it is done or ``wait_s`` has passed."""
+    with contextlib.suppress(queue.Empty):
+        while running:
+            where, number, event = outbox.get(timeout=wait_s)
+            if event is None:
+                running -= 1
+            else:
+                deliver(event, where, number)
+
+
 def _start(slot: SlotSpec, cpus: tuple[int, ...]) -> subprocess.Popen:
+    """A slot process, in a session of its own (a terminal's Ctrl-C reaches the driver alone,
+    which stops the slots itself)."""
+    interrupt.check()
     env = dict(os.environ)
     if slot.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = slot.gpu
-    process = subprocess.Popen([sys.executable, "-m", "kbench.grading.slots"], env=env,
-                               text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               bufsize=1)
+    process = subprocess.Popen([sys.executable, "-m", "kbench.grading.slots", str(os.getpid())],
+                               env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               bufsize=1, start_new_session=True)
     sandbox.own(process.pid)
+    interrupt.add_child(process.pid)
     if cpus:  # the slot's grading processes, every worker it starts included
         with contextlib.suppress(psutil.Error, OSError):
             psutil.Process(process.pid).cpu_affinity(list(cpus))
     return process
 
 
-def main() -> None:
-    """A slot process: units in, events out, on the one stream the driver reads."""
+def main(driver: int) -> int:
+    """A slot process: units in, events out, on the one stream the driver reads. It stops
+    as kbench does (kbench.host.interrupt) when the driver says so or dies, even by kill -9:
+    what it was grading is not reported, and its workers' process groups are killed."""
+    interrupt.install((signal.SIGTERM, signal.SIGINT), announce=False)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != driver:  # the driver died before that took effect
+        return 1
     events = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # nothing else may write to the events' stream
     sys.stdout = sys.stderr
@@ -252,10 +289,14 @@ def main() -> None:
     def emit(event: units.Event) -> None:
         events.write(json.dumps(event) + "\n")
 
-    for line in sys.stdin:
-        units.run(units.Unit.from_dict(json.loads(line)), emit)
-        emit({"done": True})
+    try:
+        for line in sys.stdin:
+            units.run(units.Unit.from_dict(json.loads(line)), emit)
+            emit({"done": True})
+    except interrupt.Interrupted as stopped:
+        return 128 + stopped.signum
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(int(sys.argv[1])))

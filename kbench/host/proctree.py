@@ -7,12 +7,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import subprocess
 import sys
 import time
 
 import psutil
 
 MARK = "KBENCH_SANDBOX_MARK"
+OWNER = "KBENCH_OWNER"  # "pid:start time" of the kbench process that started a worker
 _PR_SET_CHILD_SUBREAPER = 36
 _ADOPTING = False
 _EXIT_GRACE_S = 10.0
@@ -132,3 +134,55 @@ def sweep(mark: str, worker: int, descendants: bool) -> list[str]:
                         and os.getsid(child.pid) == worker:
                     os.waitpid(child.pid, os.WNOHANG)
     return swept
+
+
+def owner_token() -> str:
+    """This process as its workers' owner: its pid and start time (a pid alone may be reused)."""
+    return f"{os.getpid()}:{psutil.Process().create_time():.3f}"
+
+
+def _owner_gone(token: str) -> bool:
+    pid, _, started = token.partition(":")
+    try:
+        return f"{psutil.Process(int(pid)).create_time():.3f}" != started
+    except (psutil.NoSuchProcess, ValueError):
+        return True
+    except psutil.Error:
+        return False
+
+
+def sweep_abandoned() -> list[str]:
+    """Kill what kbench processes that died (kill -9, a lost machine) left running: every
+    process whose environment names an owner that is gone (a build's compilers outlive their
+    worker, which dies with its owner; processes stopped while the owner timed are among
+    them). Those of live kbench processes, and everything else on the host, are left alone.
+    One that cleared its environment is not found."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            token = proc.environ().get(OWNER)
+            if token and _owner_gone(token):
+                found.append(proc)
+    for proc in found:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(found, timeout=_EXIT_GRACE_S)
+    return [f"pid {p.pid}" for p in found]
+
+
+def exited(proc: subprocess.Popen, wait_s: float = 0.0) -> int | None:
+    """A child's exit status once it has exited (negative: the signal), else None after
+    ``wait_s``. It is left unreaped, so that its pid, which names its process group, is not
+    given to another process before the caller has killed that group (kbench.sandbox)."""
+    deadline = time.monotonic() + wait_s
+    while proc.returncode is None:
+        try:
+            info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped already
+            return proc.poll()
+        if info is not None:
+            return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
+    return proc.returncode
