@@ -49,7 +49,8 @@ class _Builds:
         self.log: list[tuple[str, str, float]] = []
         self.lock = threading.Lock()
 
-    def __call__(self, ctx, sub, environment_problem, cores, cpus=(), nice=0) -> Built:
+    def __call__(self, ctx, sub, environment_problem, cores, cpus=(), nice=0, lock_wait_s=None
+                 ) -> Built:
         with self.lock:
             self.log.append(("start", sub.name, time.monotonic()))
         time.sleep(self.seconds.get(sub.name, 0.05))

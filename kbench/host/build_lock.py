@@ -56,7 +56,8 @@ def held(folder: Path, wait_s: float) -> Iterator[list[str]]:
 
 def clear(folder: Path) -> list[str]:
     """What a dead build left in ``folder`` removed (call holding its lock); what was done."""
-    stale = [p for p in folder.glob("*/lock") if _interrupted(p) and _unheld(p)]
+    blocking = _existence_blocks()
+    stale = [p for p in folder.glob("*/lock") if blocking and _unheld(p)]
     partial = [p for sub in folder.iterdir() if (sub / "build.ninja").exists()
                for p in _unfinished(sub)] if folder.exists() else []
     if not stale and not partial:
@@ -77,16 +78,18 @@ def clear(folder: Path) -> list[str]:
     return done
 
 
-def _interrupted(lock: Path) -> bool:
-    """torch's lock file of a build that did not finish: no library beside it, or one older
-    than the lock (torch 2.14 and later leave the file after a build that finished, and take
-    it again, unchanged, on each load; earlier releases remove it on a clean exit)."""
-    try:
-        since = lock.stat().st_mtime
-        libraries = [p.stat().st_mtime for p in lock.parent.glob("*.so")]
-    except OSError:
-        return False
-    return not libraries or max(libraries) < since
+def _existence_blocks() -> bool:
+    """Does this torch's build lock block on a lock file's mere existence (FileBaton, up to
+    2.13), rather than on an OS lock that dies with its holder (2.14 and later, which leave
+    the file behind after every build)? Read from the lock ``_jit_compile`` takes; anything
+    unrecognised is taken to block."""
+    from torch.utils import cpp_extension
+
+    compile_names = getattr(getattr(cpp_extension, "_jit_compile", None), "__code__", None)
+    if compile_names is None or "FileLock" not in compile_names.co_names:
+        return True
+    lock = getattr(cpp_extension, "FileLock", None)
+    return not getattr(lock, "__module__", "").startswith(("torch.utils._filelock", "filelock"))
 
 
 def _unheld(path: Path) -> bool:
