@@ -89,3 +89,20 @@ def test_the_compile_row_says_not_timed_where_no_compile_figure_was_taken():
     run = _run([_named("a1", "a", 1.2, [1.15, 1.25]), _named("b1", "b", 2.0, [1.9, 2.1])])
     assert summarise(run).fast_compile == {}
     assert "| vs torch.compile, lower bound > p | not timed | not timed |" in leaderboard(run)
+
+
+def test_the_reports_say_first_that_skipped_submissions_were_not_run():
+    from kbench.reports import html_report
+
+    why = "built with nvcc 13.0 for CUDA arch 9.0; needs a CUDA device to run"
+    cuda = [SubmissionResult(name=f"b_cuda{i}", path="", sha256="", status=Status.SKIPPED,
+                             reason=why, build_s=70.0 if i else 0.0, problem="b")
+            for i in range(3)]
+    run = _run([_named("a_torch", "a", 1.0, [0.98, 1.02]), *cuda])
+    board = leaderboard(run)
+    said = ("**Not run here**: 3 of 4 submissions were not run on this machine (2 of them "
+            f"compiled, none timed or checked; most often: {why}); the correct rate")
+    assert said in board and board.index(said) < board.index("- device:")
+    assert "- correct: 1/1 problems" in board
+    assert "<b>Not run here</b>: 3 of 4 submissions" in html_report.page(run)
+    assert "Not run here" not in leaderboard(_run([_named("a1", "a", 1.0, [0.98, 1.02])]))

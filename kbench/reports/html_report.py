@@ -15,6 +15,7 @@ from kbench.reports.summary import (
     THRESHOLDS,
     degenerate_counts,
     inconclusive,
+    not_run,
     rank_key,
     summarise,
 )
@@ -36,7 +37,7 @@ table.sortable th{cursor:pointer}table.sortable th:after{content:" \\2195";color
 .skipped{background:#5b7fa6}
 .warn{background:#fff4d6;border:1px solid #e0c060;padding:.6em 1em}
 .grid td{padding:1px}.grid .v{width:1.1em;height:1.1em;padding:0}
-figure{margin:.5em 0}svg{max-width:100%;height:auto}p,td{overflow-wrap:anywhere}
+figure{margin:.5em 0}svg{max-width:100%;height:auto}p,td{overflow-wrap:break-word}
 code{background:#f3f3f3;padding:0 .3em}.muted{color:#777}
 """
 # Per-problem charts are drawn for runs of up to this many problems (each is tens of KB).
@@ -103,6 +104,8 @@ def _header(run: RunResult) -> str:
                 "they prevented are <code>environment_error</code>, not their fault):<ul>"
                 + "".join(f"<li>{escape(str(p))}</li>" for p in env["problems"])
                 + "</ul></div>")
+    if skipped := not_run(run):
+        warn += f"<p class=warn><b>Not run here</b>: {escape(skipped)}</p>"
     line = (f"{escape(str(env.get('device_name', env.get('device'))))} · torch "
             f"{escape(str(env.get('torch')))} · kbench {escape(run.kbench_version)} · run "
             f"{run.run_id} · seed {run.seed} · started {escape(run.started)} · timing "

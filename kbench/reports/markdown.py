@@ -15,6 +15,7 @@ from kbench.reports.summary import (
     THRESHOLDS,
     degenerate_counts,
     inconclusive,
+    not_run,
     rank_key,
     summarise,
 )
@@ -197,7 +198,7 @@ def _header(run: RunResult, bound: set[str]) -> list[str]:
     """The machine, the run, how it was timed, and every note."""
     env = run.environment
     device = env.get("device_name", env.get("device"))
-    lines = []
+    lines = [f"**Not run here**: {skipped}", ""] if (skipped := not_run(run)) else []
     if env.get("problems"):
         lines += ["**This machine has environment problems** (`kbench doctor` checks again; "
                   "submissions they prevented are `environment_error`, not their fault):", "",

@@ -64,6 +64,21 @@ class Summary:
                         "figures (--include-degenerate counts them)" if self.degenerate else ""])
 
 
+def not_run(run: RunResult) -> str:
+    """What the reports say first where submissions were not run on this machine (skipped:
+    built where a toolkit was found, then no device to run them), "" where all ran: a
+    correct rate counts only what ran."""
+    skipped = [s for s in run.submissions if s.status is Status.SKIPPED]
+    if not skipped:
+        return ""
+    built = sum(1 for s in skipped if s.build_s)
+    reason = Counter(s.reason for s in skipped).most_common(1)[0][0]
+    return (f"{len(skipped)} of {len(run.submissions)} submissions were not run on this "
+            f"machine ({built} of them compiled, none timed or checked; most often: "
+            f"{reason}); the correct rate and fast_p count only the submissions that ran, "
+            "and a problem whose every submission was skipped is left out of them")
+
+
 def degenerate_counts(run: RunResult) -> str:
     """How the run's degenerate problems count, as the reports say it."""
     if run.include_degenerate:
