@@ -49,6 +49,7 @@ class LocalExecutor:
         self.environment_problem: str | None = None
         self.copy_gbps: float | None = None  # measured once per run, by the first pool
         self.note_unwatched = True  # say at the end how often shared folders went unchecked
+        self.notes: list[str] = []  # what the run's reports say about the grading itself
 
     def watch_store(self, presence: Presence) -> None:
         """The store's folder counts as shared with other kbench processes too."""
@@ -86,11 +87,9 @@ class LocalExecutor:
                            defer)
         else:
             self._with_pipeline(jobs, sink)
-        if self.watcher.unwatched and self.note_unwatched:
-            self.say(f"note: other kbench processes used {self.options.out_dir} or the build "
-                     f"cache in {self.watcher.unwatched} of this run's watch windows; writes "
-                     "there by the submissions then running could not be told from theirs "
-                     "and went unchecked")
+        if (note := self.watcher.unwatched_note()) and self.note_unwatched:
+            self.say(f"note: {note}")
+            self.notes.append(note)
 
     def _with_pipeline(self, jobs: list[Job], sink: Sink) -> None:
         """Every build first, on the pool's cores, then grading (on the timing cores): in one

@@ -105,5 +105,6 @@ def grade(label: str, plan: Plan, options: Options, executor: Executor, store: S
         sink.result(result)
     if todo:
         executor.run(todo, sink)
+    store.add_notes(run_id, executor.notes)
     store.finish_run(run_id)
     return run_id
