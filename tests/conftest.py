@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -22,11 +21,11 @@ has_nvcc = find_toolchain().cuda_home is not None
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory) -> Path:
-    """One build cache for the session: KBENCH_CACHE_DIR when set (CI keeps it warm)."""
-    if os.environ.get("KBENCH_CACHE_DIR"):
-        return Path(os.environ["KBENCH_CACHE_DIR"])
-    return tmp_path_factory.mktemp("cache")
+def cache_dir() -> Path:
+    """One build cache for the session: the one `kbench grade` uses (KBENCH_CACHE_DIR, else
+    ~/.cache/kbench), so the tests reuse the quick start's builds instead of compiling them
+    again; build folders are content-addressed, so sharing them is safe."""
+    return paths.default_cache_dir()
 
 
 def quick_task(tmp_path: Path, **overrides) -> Path:

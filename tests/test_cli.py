@@ -66,3 +66,13 @@ def test_readme_quick_start_is_two_commands():
     assert len(commands) == 2
     assert "pip install" in commands[0] and "kbench grade kbench/submissions/" in commands[0]
     assert "pytest" in commands[1]
+
+
+def test_new_writes_here_by_default_not_among_the_bundled_submissions(tmp_path, monkeypatch):
+    from kbench.host import paths
+
+    before = set(paths.submissions_dir().iterdir())
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["new", "l2norm", "v9"]) == 0
+    assert (tmp_path / "l2norm_v9.py").is_file()
+    assert set(paths.submissions_dir().iterdir()) == before

@@ -159,3 +159,70 @@ def test_parameters_that_no_seed_changes_do_not_make_a_problem_degenerate(tmp_pa
     ctx = Context.create(load_task(str(path)), options, Toolchain(None, None, "9.0"))
     screen(ctx)
     assert ctx.degenerate == [] and ctx.cases
+
+
+def _screened(task: str, seed: int, tmp_path):
+    from kbench.grading.context import Context
+    from kbench.grading.options import Options
+    from kbench.grading.screen import screen
+    from kbench.host.toolchain import Toolchain
+    from kbench.problems.load import load_task
+
+    options = Options(device="cpu", out_dir=tmp_path / "out", cache_dir=tmp_path / "cache",
+                      jobs=1, seed=seed)
+    ctx = Context.create(load_task(task), options, Toolchain(None, None, "9.0"))
+    screen(ctx)
+    return ctx
+
+
+# Seeds under which the probe on l2norm's first case (1x1, whose L2 norm is its value's sign)
+# alone called the problem independent of its inputs, plus two it did not.
+@pytest.mark.parametrize("seed", [0, 1, 4, 5, 6])
+def test_l2norm_whose_1x1_edge_case_is_a_sign_is_never_degenerate(seed, tmp_path):
+    ctx = _screened("l2norm", seed, tmp_path)
+    assert ctx.degenerate == [], ctx.degenerate
+
+
+def test_the_probes_run_on_the_largest_cases_never_an_edge_shape_alone(tmp_path):
+    from kbench.grading import degenerate
+    from kbench.grading.context import Context
+    from kbench.grading.options import Options
+    from kbench.host.toolchain import Toolchain
+    from kbench.problems.load import load_task
+
+    for seed in range(20):
+        options = Options(device="cpu", out_dir=tmp_path, cache_dir=tmp_path, jobs=1,
+                          seed=seed)
+        ctx = Context.create(load_task("l2norm"), options, Toolchain(None, None, "9.0"))
+        elements = {c.index: 2 * c.params["batch"] * c.params["dim"] for c in ctx.cases}
+        chosen = degenerate.representative(ctx, ctx.cases, elements)
+        assert len(chosen) == degenerate.PROBED
+        assert len({(c.params["batch"], c.params["dim"]) for c in chosen}) == len(chosen)
+        smallest_chosen = min(elements[c.index] for c in chosen)
+        assert sum(elements[c.index] > smallest_chosen for c in ctx.cases) < len(chosen)
+        assert all(elements[c.index] > 2 for c in chosen)  # never the 1x1 case
+
+
+@pytest.mark.parametrize("problem", ["weights_only", "unused_layer"])
+def test_a_problem_independent_of_its_inputs_or_weights_is_marked_under_every_seed(
+        problem, tmp_path):
+    reason = KINDS[problem]
+    for seed in range(20):
+        ctx = _screened(str(DEGENERATE / "problems" / f"{problem}.py"), seed, tmp_path)
+        assert [r.split(":")[0] for r in ctx.degenerate] == [reason], (seed, ctx.degenerate)
+        assert "case 0 (" in ctx.degenerate[0]  # the problem's own sizes are probed
+
+
+def test_probes_that_disagree_across_cases_mark_nothing(tmp_path, monkeypatch):
+    # An output independent of the inputs on one case only (an edge shape) is not degenerate.
+    from kbench.grading import degenerate
+
+    real = degenerate._probe
+
+    def edge_only(ctx, case):
+        probe = real(ctx, case)
+        return degenerate.Probe(case, case.index == 0, probe.same_weights)
+
+    monkeypatch.setattr(degenerate, "_probe", edge_only)
+    ctx = _screened(str(DEGENERATE / "problems" / "weights_only.py"), 3, tmp_path)
+    assert ctx.degenerate == []

@@ -273,3 +273,17 @@ def test_processes_a_submission_leaves_behind_are_killed(tmp_path, cache_dir, mo
     assert not [pid for pid in left if psutil.pid_exists(pid)]  # killed and reaped
     logs = " ".join(p.read_text() for p in (out / "logs").glob("l2norm_leaves_daemon.*"))
     assert logs.count("killed what the worker left running after it") == 2
+
+
+def test_a_problem_whose_submissions_cannot_run_times_no_reference(tmp_path):
+    task = quick_task(tmp_path)
+    broken = tmp_path / "l2norm_broken.py"
+    broken.write_text("class ModelNew(:\n")  # a syntax error: nothing to time
+    code, results = grade([str(broken), "--task", str(task), "--device", "cpu", "--seed", "3"],
+                          tmp_path / "out", tmp_path / "cache")
+    assert code == 0
+    assert results["submissions"][0]["status"] != "ok"
+    problem = results["problems"][0]
+    assert problem["reference"] == []
+    assert any(note.startswith("timing skipped: no submission of this problem can run here")
+               for note in problem["notes"])

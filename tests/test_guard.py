@@ -104,10 +104,13 @@ def test_presence_tells_whether_another_process_uses_the_folder(tmp_path):
     try:
         assert other.stdout.readline().strip() == "in"
         assert not mine.alone()
+        if Path("/proc/locks").is_file():  # Linux: the other process is named
+            assert mine.others() == [other.pid]
     finally:
         other.kill()
         other.wait()
     assert mine.alone()  # the kernel dropped the killed process's lock
+    assert mine.others() == []
     mine.close()
 
 
@@ -143,3 +146,30 @@ def test_a_scan_does_not_walk_the_folders_it_skips(tmp_path, monkeypatch):
     found = guard.Guard(restorable=(tmp_path,)).snapshot(ignore=[skipped])
     assert set(found) == {(kept / "f").resolve()}
     assert not any(skipped.resolve() in (p, *p.parents) for p in walked)
+
+
+def test_a_watch_window_beside_another_kbench_process_names_it_and_the_folder(tmp_path):
+    import subprocess
+    import sys
+
+    from kbench.grading.options import Options
+    from kbench.grading.watch import Watcher
+
+    options = Options(device="cpu", out_dir=tmp_path / "out", cache_dir=tmp_path / "cache",
+                      jobs=1, seed=1)
+    watcher = Watcher(options)
+    other = subprocess.Popen([sys.executable, "-c", (
+        "import time; from pathlib import Path; from kbench.results.presence import Presence; "
+        f"p = Presence(Path({str(options.cache_dir)!r})); print('in', flush=True); "
+        "time.sleep(30)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "in"
+        assert watcher.watch([], [])().lines == []
+    finally:
+        other.kill()
+        other.wait()
+    note = watcher.unwatched_note()
+    assert note.startswith("other kbench processes used this run's folders in 1 of its watch "
+                           f"windows ({options.cache_dir}: ")
+    if Path("/proc/locks").is_file():
+        assert f"pid {other.pid} (ended)" in note  # killed before the note was written

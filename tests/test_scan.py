@@ -30,6 +30,16 @@ def test_labels_name_what_reviewers_look_for(snippet, label):
 def test_docstrings_and_comments_are_not_code():
     source = '"""Replaced torch.norm with a kernel; no threading."""\n# F.normalize was slow\n'
     assert source_scan.flags(source + KERNEL) == []
+    trailing = "ext = load_inline(verbose=True)  # output lands in kbench's build log\n"
+    assert source_scan.flags(KERNEL + trailing) == []
+    assert source_scan.flags(KERNEL + "import kbench  # a note\n") == ["introspection"]
+
+
+def test_kbench_new_s_skeleton_carries_no_label(tmp_path):
+    from kbench.cli import commands as cli
+
+    assert cli.main(["new", "l2norm", "v9", "--dir", str(tmp_path)]) == 0
+    assert source_scan.flags((tmp_path / "l2norm_v9.py").read_text()) == []
 
 
 def test_plain_kernel_has_no_labels():

@@ -46,3 +46,63 @@ def test_fast_p_counts_problems_on_the_lower_bound():
 def test_an_untimed_run_shows_no_fast_p():
     table = leaderboard(_run([_sub("a", Status.OK), _sub("b", Status.WRONG_OUTPUT)]))
     assert "fast_p: no correct submission was timed" in table and "| p=1 |" not in table
+
+
+def _named(name: str, problem: str, speedup: float, ci: list[float]) -> SubmissionResult:
+    return SubmissionResult(name=name, path="", sha256="", status=Status.OK, speedup=speedup,
+                            speedup_ci=ci, problem=problem)
+
+
+def test_a_speedup_whose_interval_spans_more_than_a_factor_of_two_is_inconclusive():
+    from kbench.reports import html_report
+    from kbench.reports.summary import inconclusive
+
+    noisy = _named("gemm_torch", "a", 9.145, [0.979, 10.5])  # a busy host's figure
+    clear = _named("a_clear", "a", 1.2, [1.15, 1.25])
+    slow = _named("b_slow", "b", 0.5, [0.48, 0.52])
+    alone = _named("c_noisy", "c", 3.0, [1.2, 6.0])  # its problem's only correct one
+    run = _run([noisy, clear, slow, alone])
+    assert inconclusive(noisy).startswith("timing inconclusive: the speedup's 95 % interval "
+                                          "0.979-10.5 spans more than a factor of 2")
+    assert inconclusive(clear) == inconclusive(slow) == ""
+    assert inconclusive(_named("x", "a", 1.0, [0.7, 1.4])) == ""  # exactly a factor of 2
+    s = summarise(run)
+    assert s.inconclusive == ["gemm_torch", "c_noisy"]
+    assert s.geomean == pytest.approx((1.2 * 0.5) ** 0.5)  # medians of clear figures only
+    assert s.fast_plain[1.0] == pytest.approx(1 / 3)  # a only (its clear best, 1.2)
+    assert s.fast_plain[0.0] == 1.0  # still correct
+    assert s.fast[1.0] == pytest.approx(2 / 3)  # c's lower bound 1.2 is honest
+    board = leaderboard(run)
+    assert "- timings inconclusive for 2 correct submission(s)" in board
+    assert "gemm_torch, c_noisy" in board
+    ranked_a = board[board.index("## a"):board.index("## b")]
+    assert ranked_a.index("a_clear") < ranked_a.index("gemm_torch")
+    assert "not measurable here: 9.145x (0.979-10.5)" in ranked_a
+    page = html_report.page(run)
+    rows = page[page.index("<h2>Leaderboard"):]
+    # every clear figure, even a slow one, ranks above an inconclusive one
+    assert rows.index("b_slow") < rows.index("c_noisy") < rows.index("gemm_torch")
+    assert "<b>Timings inconclusive</b> for 2 correct submission(s)" in page
+
+
+def test_the_compile_row_says_not_timed_where_no_compile_figure_was_taken():
+    run = _run([_named("a1", "a", 1.2, [1.15, 1.25]), _named("b1", "b", 2.0, [1.9, 2.1])])
+    assert summarise(run).fast_compile == {}
+    assert "| vs torch.compile, lower bound > p | not timed | not timed |" in leaderboard(run)
+
+
+def test_the_reports_say_first_that_skipped_submissions_were_not_run():
+    from kbench.reports import html_report
+
+    why = "built with nvcc 13.0 for CUDA arch 9.0; needs a CUDA device to run"
+    cuda = [SubmissionResult(name=f"b_cuda{i}", path="", sha256="", status=Status.SKIPPED,
+                             reason=why, build_s=70.0 if i else 0.0, problem="b")
+            for i in range(3)]
+    run = _run([_named("a_torch", "a", 1.0, [0.98, 1.02]), *cuda])
+    board = leaderboard(run)
+    said = ("**Not run here**: 3 of 4 submissions were not run on this machine (2 of them "
+            f"compiled, none timed or checked; most often: {why}); the correct rate")
+    assert said in board and board.index(said) < board.index("- device:")
+    assert "- correct: 1/1 problems" in board
+    assert "<b>Not run here</b>: 3 of 4 submissions" in html_report.page(run)
+    assert "Not run here" not in leaderboard(_run([_named("a1", "a", 1.0, [0.98, 1.02])]))

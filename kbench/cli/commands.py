@@ -173,7 +173,8 @@ def _machine_parsers(sub) -> None:
     new.add_argument("task", help="task name (e.g. l2norm) or problem file")
     new.add_argument("name", help="submission name, e.g. v5 -> l2norm_v5.py")
     new.add_argument("--dir", type=Path, default=None, help="where to write it (default: "
-                     "kbench/submissions for a bundled task, else this folder)")
+                     "this folder; not kbench/submissions, whose every file the quick start "
+                     "grades)")
     new.set_defaults(handler=_new)
 
 
@@ -310,7 +311,7 @@ def _new(args: argparse.Namespace) -> int:
     try:
         task = load_task(args.task)
         bundled = task.path.resolve().parent == paths.tasks_dir().resolve()
-        folder = args.dir or (paths.submissions_dir() if bundled else Path.cwd())
+        folder = args.dir or Path.cwd()
         path = scaffold.create(task, args.name, folder)
     except (TaskError, ValueError, FileExistsError) as exc:
         return fail(str(exc))

@@ -51,6 +51,7 @@ class RayExecutor:
                  cpu_slots: int | None = None) -> None:
         self.ray = _ray()
         self.options, self.say = options, say
+        self.notes: list[str] = []  # what the run's reports say about the grading itself
         if not self.ray.is_initialized():
             local = address is None and not os.environ.get("RAY_ADDRESS")
             self.ray.init(address=address, num_cpus=cpu_slots if local else None,

@@ -19,7 +19,7 @@ from kbench.grading.reference_pool import ReferencePool
 from kbench.grading.screen import ProblemError, screen
 from kbench.grading.slot import Slot
 from kbench.grading.watch import Watcher, tampered
-from kbench.host import doctor, environment
+from kbench.host import backends, doctor, environment
 from kbench.host.toolchain import find_toolchain
 from kbench.problems.cases import CaseError
 from kbench.problems.load import load_task
@@ -49,6 +49,7 @@ class LocalExecutor:
         self.environment_problem: str | None = None
         self.copy_gbps: float | None = None  # measured once per run, by the first pool
         self.note_unwatched = True  # say at the end how often shared folders went unchecked
+        self.notes: list[str] = []  # what the run's reports say about the grading itself
 
     def watch_store(self, presence: Presence) -> None:
         """The store's folder counts as shared with other kbench processes too."""
@@ -86,11 +87,9 @@ class LocalExecutor:
                            defer)
         else:
             self._with_pipeline(jobs, sink)
-        if self.watcher.unwatched and self.note_unwatched:
-            self.say(f"note: other kbench processes used {self.options.out_dir} or the build "
-                     f"cache in {self.watcher.unwatched} of this run's watch windows; writes "
-                     "there by the submissions then running could not be told from theirs "
-                     "and went unchecked")
+        if (note := self.watcher.unwatched_note()) and self.note_unwatched:
+            self.say(f"note: {note}")
+            self.notes.append(note)
 
     def _with_pipeline(self, jobs: list[Job], sink: Sink) -> None:
         """Every build first, on the pool's cores, then grading (on the timing cores): in one
@@ -150,8 +149,9 @@ class LocalExecutor:
                defer: Callable[[Job], None] | None) -> None:
         self.watcher.for_task(ctx)
         with ReferencePool(ctx, self.copy_gbps) as pool:
-            reference, start, compiled = self._reference_at_start(pool, sink)
             built = self._built(ctx, jobs, builds(jobs))
+            reference, start, compiled = self._reference_at_start(
+                pool, sink, _runnable(ctx, [j for j in jobs if j.path in built], built))
             slot, timed = Slot(ctx, self.watcher, pool), False
             jobs = [job for job in jobs if job.path in built]  # the rest: graded at the end
             try:
@@ -195,12 +195,16 @@ class LocalExecutor:
                           notes=list(ctx.notes) + notes, reference=table,
                           copy_gbps=pool.copy_gbps, degenerate=_degenerate(ctx))
 
-    def _reference_at_start(self, pool: ReferencePool, sink: Sink
+    def _reference_at_start(self, pool: ReferencePool, sink: Sink, runnable: bool
                             ) -> tuple[list[Benchmark], list[Samples | None],
                                        tuple[list[Samples | None], str | None] | None]:
+        """The reference (and torch.compile of it) timed, unless the run is untimed or no
+        submission of the problem can run here (``runnable``): nothing would divide it."""
         ctx = pool.ctx
-        if not ctx.options.timed:
+        if not ctx.options.timed or not runnable:
             sink.problem(self._problem_run(ctx, [], pool, [
+                "timing skipped: no submission of this problem can run here (each failed to "
+                "build or import, or was skipped)" if ctx.options.timed else
                 "timing skipped: --case selects correctness cases only"
                 if ctx.options.case_indices else "timing skipped (--no-timing)"]))
             return [], [], None
@@ -215,6 +219,17 @@ class LocalExecutor:
         reference, notes = pool.table(start, None, compiled)
         sink.problem(self._problem_run(ctx, reference, pool, notes))
         return reference, start, compiled
+
+
+def _runnable(ctx: Context, jobs: list[Job], built: dict[str, Built]) -> bool:
+    """Whether any of ``jobs`` built and can run on this device (then it may be timed)."""
+    for job in jobs:
+        if built[job.path].verdict is not None:
+            continue
+        source = job.submission().path.read_text(errors="replace")
+        if backends.for_source(source).cannot_run(ctx.device.type, ctx.toolchain) is None:
+            return True
+    return False
 
 
 def _degenerate(ctx: Context) -> str | None:

@@ -53,6 +53,8 @@ class Sink(Protocol):
 
 
 class Executor(Protocol):
+    notes: list[str]  # what the run's reports say about the grading itself, once it ran
+
     def watch_store(self, presence: Presence) -> None:
         """The store's folder, shared with the process that writes it."""
 

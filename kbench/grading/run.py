@@ -96,6 +96,8 @@ def grade(label: str, plan: Plan, options: Options, executor: Executor, store: S
     except interrupt.Interrupted as stopped:
         stopped.run_id = run_id
         raise
+    finally:
+        store.add_notes(run_id, executor.notes)
     store.finish_run(run_id)
     return run_id
 

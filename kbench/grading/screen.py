@@ -3,7 +3,8 @@ deterministic and pass its own check, and no case may be passed by what a lazy k
 returns. A problem that fails is a ProblemError (reported once; its submissions get
 task_error); what screening decides is said in the context's notes. A problem whose output
 tells kernels apart poorly (rounding noise, constant, independent of its inputs or weights) is
-still graded, and called degenerate with the reasons (kbench.grading.degenerate).
+still graded, and called degenerate with the reasons (kbench.grading.degenerate, whose probes
+run on the cases that represent the problem: its own sizes, its largest).
 
 Per case, on the trusted side: the reference in the case's dtype on the case's input, the
 same again (determinism), a float64 copy (the exact values), and three lazy outputs: zeros,
@@ -52,6 +53,7 @@ class ProblemError(Exception):
 def screen(ctx: Context) -> None:
     """Check the reference on every planned case and adjust the plan (see module doc)."""
     seen: list[tuple[Case, float, Lazy]] = []  # case, own scale on the tolerance, lazy
+    elements: dict[int, int] = {}  # case index -> elements of its inputs and output
     for case in ctx.cases:
         try:
             expected, args, again = _reference(ctx, case)
@@ -71,6 +73,7 @@ def screen(ctx: Context) -> None:
         del again  # on a GPU every copy of a large output counts
         own = needed_scale(expected.output, expected.output, expected.exact, tol)
         seen.append((case, own, _lazy_scale(ctx, case, expected, args)))
+        elements[case.index] = _elements(args) + _elements(expected.output)
         del args, expected
     seen = _without_noise(ctx, seen)
     widen = _own_check(ctx, max((own for _, own, _ in seen), default=0.0))
@@ -86,7 +89,8 @@ def screen(ctx: Context) -> None:
     if ctx.cases and len(constant) == len(seen):
         ctx.degenerate.append(f"constant over inputs: {constant[0]} passes every case")
     elif ctx.cases:
-        ctx.degenerate += probes.independence(ctx, ctx.cases[0])
+        ctx.degenerate += probes.independence(
+            ctx, probes.representative(ctx, ctx.cases, elements))
     if ctx.device.type == "cuda":  # the workers need the memory screening held
         torch.cuda.empty_cache()
 
@@ -246,6 +250,10 @@ def _constant(leaf: object, other: object) -> torch.Tensor:
     mean = seen.to(torch.float64).mean()
     value = mean if want.is_floating_point() else mean.round()
     return torch.full_like(want, float(value))
+
+
+def _elements(values: list) -> int:
+    return sum(v.numel() for v in values if isinstance(v, torch.Tensor))
 
 
 def _like(lazy: torch.Tensor, leaf: object) -> object:

@@ -67,6 +67,7 @@ class SlotsExecutor:
     def __init__(self, options: Options, slots: list[SlotSpec], say: Say = lambda line: None
                  ) -> None:
         self.options, self.slots, self.say = options, slots, say
+        self.notes: list[str] = []  # what the run's reports say about the grading itself
         self.local = LocalExecutor(options, say)  # the machine's description and checks
         self.split = hostsplit.plan(len(slots), options.device, options.jobs)
 

@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from kbench.grading.context import Context
 from kbench.grading.guard import BuildMark, Guard, Seen
 from kbench.grading.options import Options
@@ -50,6 +52,7 @@ class Watcher:
         self.builds = BuildMark(options.cache_dir)
         self.store_files = (options.out_dir / FILENAME, options.out_dir / OPENING_LOCK)
         self.unwatched = 0  # windows whose writes to the shared folders went unchecked
+        self.sharers: dict[Path, set[int]] = {}  # shared folder -> the other processes seen
 
     def add_presence(self, presence: Presence) -> None:
         self.presences.append(presence)
@@ -98,12 +101,40 @@ class Watcher:
             a change it put right meanwhile counts too."""
             shared = alone and all(p.alone() for p in self.presences)
             self.unwatched += not shared
+            if not shared:
+                self._note_sharers()
             lines = guard.repair(before, [*skip, *more], shared, undo=not beside)
             if beside and self.builds.repairs() != repairs:
                 lines.append("kbench's files changed meanwhile (the build pipeline put them "
                              "right)")
             return Finding(lines, beside)
         return changed
+
+    def _note_sharers(self) -> None:
+        for presence in self.presences:
+            if pids := presence.others():
+                self.sharers.setdefault(presence.folder, set()).update(pids)
+
+    def unwatched_note(self) -> str:
+        """How often shared folders went unchecked, and which folders and processes made it
+        so ("" where none did)."""
+        if not self.unwatched:
+            return ""
+        who = "; ".join(f"{folder}: {', '.join(_process(pid) for pid in sorted(pids))}"
+                        for folder, pids in self.sharers.items())
+        return (f"other kbench processes used this run's folders in {self.unwatched} of its "
+                f"watch windows ({who or 'they had ended by the time they were looked up'}); "
+                "writes there by the submissions then running could not be told from theirs "
+                "and went unchecked")
+
+
+def _process(pid: int) -> str:
+    """A process as a user can find it: its id and command line."""
+    try:
+        line = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return f"pid {pid} (ended)"
+    return f"pid {pid} ({line[:120]})"
 
 
 def _problem_files(task: Path) -> list[Path]:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import ast
 import functools
+import io
 import re
+import tokenize
 
 _CUDA_SOURCE = re.compile(r"\bcuda_sources\s*=|__global__|\.cu['\"]")
 # CUDA C++ through torch's extensions, a Triton kernel, a CuTe DSL kernel, a TileLang kernel.
@@ -73,7 +75,7 @@ def flags(source: str) -> list[str]:
 
 
 def _without_prose(source: str) -> str:
-    lines = source.splitlines()
+    lines = _without_comments(source).splitlines()
     try:
         body = ast.parse(source).body
     except (SyntaxError, ValueError):
@@ -82,3 +84,17 @@ def _without_prose(source: str) -> str:
             and isinstance(body[0].value.value, str):
         del lines[body[0].lineno - 1:body[0].end_lineno]
     return "\n".join(line for line in lines if not line.lstrip().startswith(("#", "//")))
+
+
+def _without_comments(source: str) -> str:
+    """The source with every Python comment cut, a trailing one included (``x = f()  # about
+    kbench``); as it is where it does not tokenize."""
+    try:
+        comments = [t.start for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                    if t.type == tokenize.COMMENT]
+    except (tokenize.TokenError, SyntaxError):
+        return source
+    lines = source.splitlines()
+    for row, col in comments:
+        lines[row - 1] = lines[row - 1][:col]
+    return "\n".join(lines)

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure  # noqa: E402  (after the backend is chosen
 from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 from kbench.host.peaks import peak_tflops  # noqa: E402
-from kbench.reports.summary import best_per_problem  # noqa: E402
+from kbench.reports.summary import best_per_problem, inconclusive  # noqa: E402
 from kbench.results.run_record import (  # noqa: E402
     Benchmark,
     ProblemRun,
@@ -180,7 +180,8 @@ def fast_p(run: RunResult) -> Figure | None:
     ps = [top * 1.05 * k / 200 for k in range(201)]
     curves = {
         "lower bound, vs eager": lambda w: (w.speedup_ci or [w.speedup or 0.0])[0],
-        "median, vs eager (KernelBench's fast_p)": lambda w: w.speedup or 0.0,
+        "median, vs eager (KernelBench's fast_p; inconclusive not counted)":
+            lambda w: 0.0 if inconclusive(w) else (w.speedup or 0.0),
         "lower bound, vs torch.compile": lambda w: (w.compile_speedup_ci
                                                     or [w.compile_speedup or 0.0])[0],
     }

@@ -10,7 +10,15 @@ from pathlib import Path
 
 from kbench.grading.options import profile_text
 from kbench.reports import charts
-from kbench.reports.summary import THRESHOLDS, degenerate_counts, summarise
+from kbench.reports.summary import (
+    INCONCLUSIVE,
+    THRESHOLDS,
+    degenerate_counts,
+    inconclusive,
+    not_run,
+    rank_key,
+    summarise,
+)
 from kbench.results.run_record import Benchmark, ProblemRun, RunResult, SubmissionResult, ms_text
 from kbench.results.verdict import Status
 
@@ -29,7 +37,7 @@ table.sortable th{cursor:pointer}table.sortable th:after{content:" \\2195";color
 .skipped{background:#5b7fa6}
 .warn{background:#fff4d6;border:1px solid #e0c060;padding:.6em 1em}
 .grid td{padding:1px}.grid .v{width:1.1em;height:1.1em;padding:0}
-figure{margin:.5em 0}svg{max-width:100%;height:auto}p,td{overflow-wrap:anywhere}
+figure{margin:.5em 0}svg{max-width:100%;height:auto}p,td{overflow-wrap:break-word}
 code{background:#f3f3f3;padding:0 .3em}.muted{color:#777}
 """
 # Per-problem charts are drawn for runs of up to this many problems (each is tens of KB).
@@ -96,6 +104,8 @@ def _header(run: RunResult) -> str:
                 "they prevented are <code>environment_error</code>, not their fault):<ul>"
                 + "".join(f"<li>{escape(str(p))}</li>" for p in env["problems"])
                 + "</ul></div>")
+    if skipped := not_run(run):
+        warn += f"<p class=warn><b>Not run here</b>: {escape(skipped)}</p>"
     line = (f"{escape(str(env.get('device_name', env.get('device'))))} · torch "
             f"{escape(str(env.get('torch')))} · kbench {escape(run.kbench_version)} · run "
             f"{run.run_id} · seed {run.seed} · started {escape(run.started)} · timing "
@@ -118,10 +128,12 @@ def _batch(run: RunResult) -> str:
     """Many problems: the summary numbers, fast_p curves and a grid of verdicts."""
     s = summarise(run)
     table = "".join(
-        f"<tr><td>{label}</td>" + "".join(f"<td class=num>{100 * values[p]:.1f}%</td>"
-                                          for p in THRESHOLDS) + "</tr>"
+        f"<tr><td>{label}</td>" + "".join(
+            f"<td class=num>{f'{100 * values[p]:.1f}%' if values else 'not timed'}</td>"
+            for p in THRESHOLDS) + "</tr>"
         for label, values in (("vs eager, lower bound > p", s.fast),
-                              ("vs eager, median > p (KernelBench)", s.fast_plain),
+                              ("vs eager, median > p (KernelBench; inconclusive timings not "
+                               "counted)", s.fast_plain),
                               ("vs torch.compile, lower bound > p", s.fast_compile)))
     head = "".join(f"<th>p={p:g}</th>" for p in THRESHOLDS)
     geo = f"{s.geomean:.3f}x" if s.geomean else "-"
@@ -139,33 +151,47 @@ def _batch(run: RunResult) -> str:
             f"be{escape(s.apart())}), {s.submissions} submissions; correct on "
             f"{s.correct}/{s.problems} "
             f"({100 * s.correct_rate:.0f}%); geometric-mean speedup of each problem's best: "
-            f"{geo}</p><table><tr><th>fast_p</th>{head}</tr>{table}</table>"
+            f"{geo}</p>{_inconclusive(s.inconclusive)}"
+            f"<table><tr><th>fast_p</th>{head}</tr>{table}</table>"
             f"{_figure(charts.fast_p(run))}<h3>Verdicts per problem</h3>"
             f"<table class=grid>{grid}</table>")
+
+
+def _inconclusive(names: list[str]) -> str:
+    if not names:
+        return ""
+    return (f"<p class=warn><b>Timings inconclusive</b> for {len(names)} correct "
+            f"submission(s) (95 % interval wider than a factor of {INCONCLUSIVE:g}: the host "
+            "was busy, or the sizes are too small to time here; ranked after clear figures by "
+            "their lower bound, left out of the median-based fast_p and the geometric mean): "
+            f"{escape(', '.join(names))}</p>")
 
 
 def _leaderboard(run: RunResult) -> str:
     many = len(run.problems) > 1
     rows = []
     for sub in sorted(run.submissions, key=lambda s: (s.status is not Status.OK,
-                                                      -(s.speedup or 0))):
+                                                      rank_key(s))):
         low = (sub.speedup_ci or [sub.speedup])[0] if sub.speedup else None
-        share = sub.custom_share
+        share, doubt = sub.custom_share, inconclusive(sub)
+        speed = _x(sub.speedup, sub.speedup_ci)
         rows.append(
             "<tr>" + (f"<td>{escape(sub.problem)}</td>" if many else "")
             + f"<td><a href='#{_anchor(sub)}'>{escape(sub.name)}</a></td>"
             f"<td data-v='{escape(sub.status.value)}' title='{escape(sub.reason)}'>"
             f"{_verdict(sub.status)}</td>"
             f"<td>{escape(sub.backend or '-')}</td>"
-            f"<td class=num data-v='{sub.speedup or 0}'>{_x(sub.speedup, sub.speedup_ci)}</td>"
-            f"<td class=num data-v='{low or 0}'>{f'{low:.3f}x' if low else '-'}</td>"
+            + (f"<td class=num data-v='{low}' title='{escape(doubt)}'>not measurable "
+               f"here: {speed}</td>" if doubt else
+               f"<td class=num data-v='{sub.speedup or 0}'>{speed}</td>")
+            + f"<td class=num data-v='{low or 0}'>{f'{low:.3f}x' if low else '-'}</td>"
             f"<td class=num data-v='{sub.compile_speedup or 0}'>"
             f"{_x(sub.compile_speedup, sub.compile_speedup_ci)}</td>"
             f"<td class=num>{sub.cases_passed}/{sub.cases_total}</td>"
             f"<td class=num data-v='{-1 if share is None else share}' "
             f"title='{escape('; '.join(sub.kernels))}'>"
             f"{'-' if share is None else f'{share:.0%}'}</td>"
-            f"<td>{escape(', '.join(sub.flags))}</td></tr>")
+            f"<td>{escape(', '.join([*sub.flags, *([doubt] if doubt else [])]))}</td></tr>")
     head = ("<th>problem</th>" if many else "") + (
         "<th>submission</th><th>verdict</th><th>backend</th><th>speedup (95 % interval)</th>"
         "<th>lower bound"

@@ -10,7 +10,15 @@ from tabulate import tabulate
 
 from kbench.grading.options import profile_text
 from kbench.host.peaks import peak_tflops
-from kbench.reports.summary import THRESHOLDS, degenerate_counts, summarise
+from kbench.reports.summary import (
+    INCONCLUSIVE,
+    THRESHOLDS,
+    degenerate_counts,
+    inconclusive,
+    not_run,
+    rank_key,
+    summarise,
+)
 from kbench.results.run_record import (
     LAUNCH_BOUND_MS,
     Benchmark,
@@ -152,15 +160,22 @@ def _summary(run: RunResult) -> list[str]:
              "geometric-mean speedup of each problem's best: "
              + (f"{s.geomean:.3f}x" if s.geomean else "-")]
     lines += _kernelbench_summary(run)
-    if s.geomean is None:
+    if s.inconclusive:
+        lines.append(f"- timings inconclusive for {len(s.inconclusive)} correct "
+                     f"submission(s) (95% interval wider than a factor of {INCONCLUSIVE:g}: "
+                     "ranked after clear figures by their lower bound, left out of the "
+                     "median-based fast_p and the geometric mean): "
+                     + ", ".join(s.inconclusive))
+    if s.geomean is None and not s.inconclusive:
         return lines + ["- fast_p: no correct submission was timed"]
     lines += ["", "| fast_p (share of problems) | " + share(f"p={p:g}" for p in THRESHOLDS)
               + " |", "|---|" + "---|" * len(THRESHOLDS)]
     for label, values in (("vs eager, lower bound of the 95% interval > p", s.fast),
-                          ("vs eager, median > p (KernelBench's fast_p)", s.fast_plain),
+                          ("vs eager, median > p (KernelBench's fast_p; inconclusive "
+                           "timings not counted)", s.fast_plain),
                           ("vs torch.compile, lower bound > p", s.fast_compile)):
-        lines.append(f"| {label} | " + share(f"{100 * values[p]:.1f}%" for p in THRESHOLDS)
-                     + " |")
+        lines.append(f"| {label} | " + share(f"{100 * values[p]:.1f}%" if values else
+                                             "not timed" for p in THRESHOLDS) + " |")
     return lines
 
 
@@ -183,7 +198,7 @@ def _header(run: RunResult, bound: set[str]) -> list[str]:
     """The machine, the run, how it was timed, and every note."""
     env = run.environment
     device = env.get("device_name", env.get("device"))
-    lines = []
+    lines = [f"**Not run here**: {skipped}", ""] if (skipped := not_run(run)) else []
     if env.get("problems"):
         lines += ["**This machine has environment problems** (`kbench doctor` checks again; "
                   "submissions they prevented are `environment_error`, not their fault):", "",
@@ -252,8 +267,15 @@ def _reference_table(problem: ProblemRun, copy_gbps: float | None, device: str,
 
 
 def _ranked(subs: list[SubmissionResult]) -> list[SubmissionResult]:
-    """The correct submissions, fastest first."""
-    return sorted([s for s in subs if s.status is Status.OK], key=lambda s: -(s.speedup or 0))
+    """The correct submissions, best first (kbench.reports.summary.rank_key: inconclusive
+    timings after clear ones)."""
+    return sorted([s for s in subs if s.status is Status.OK], key=rank_key)
+
+
+def _overall(sub: SubmissionResult) -> str:
+    """A ranked submission's speedup, said to be not measurable where it is inconclusive."""
+    text = _speedup(sub.speedup, sub.speedup_ci)
+    return f"not measurable here: {text}" if inconclusive(sub) else text
 
 
 def _ranked_table(run: RunResult, subs: list[SubmissionResult], problem: ProblemRun,
@@ -262,7 +284,7 @@ def _ranked_table(run: RunResult, subs: list[SubmissionResult], problem: Problem
     if not ranked:
         return "No submission passed every correctness case."
     profiled = any(sub.custom_share is not None for sub in ranked)  # a GPU run
-    return tabulate([[rank, sub.name, _speedup(sub.speedup, sub.speedup_ci),
+    return tabulate([[rank, sub.name, _overall(sub),
                       _speedup(sub.compile_speedup, sub.compile_speedup_ci),
                       f"{sub.cases_passed}/{sub.cases_total}",
                       *([_share(sub)] if profiled else []), _labels(sub)]
@@ -296,6 +318,7 @@ def _labels(sub: SubmissionResult) -> str:
             if b.candidate is not None and b.candidate.side_work_ms]
     slowed = sum(m.slowed for m in timed)
     notes = [f"reused from run {sub.reused_from_run}"] if sub.reused_from_run else []
+    notes += [doubt] if (doubt := inconclusive(sub)) else []
     notes += [f"work left on other streams, charged: {'; '.join(side)}"] if side else []
     notes += [f"clocks slowed on {slowed} samples"] if slowed else []
     return ", ".join([*sub.flags, *notes])

@@ -21,6 +21,7 @@ class Presence:
         folder.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         fcntl.lockf(self._fd, fcntl.LOCK_SH)
+        self.folder = folder
 
     def alone(self) -> bool:
         """No other process holds a mark here (POSIX locks are per process, so this one's own
@@ -31,6 +32,20 @@ class Presence:
             return False
         fcntl.lockf(self._fd, fcntl.LOCK_SH)
         return True
+
+    def others(self) -> list[int]:
+        """The ids of the other processes holding a mark here, from Linux's /proc/locks
+        (empty where it cannot be read)."""
+        try:
+            where = os.fstat(self._fd)
+            table = Path("/proc/locks").read_text()
+        except OSError:
+            return []
+        inode = f":{where.st_ino}"
+        pids = {int(fields[4]) for fields in map(str.split, table.splitlines())
+                if len(fields) > 5 and fields[1] == "POSIX" and fields[5].endswith(inode)
+                and fields[4].isdigit()}
+        return sorted(pids - {os.getpid()})
 
     def close(self) -> None:
         os.close(self._fd)  # releases the lock

@@ -247,6 +247,15 @@ class Store:
                                              Status.TASK_ERROR.value))
         return {r[0] for r in rows}
 
+    def add_notes(self, run_id: int, notes: list[str]) -> None:
+        """Notes on how the run was graded, shown at the top of its reports."""
+        if not notes:
+            return
+        with self._write():
+            row = self.db.execute("SELECT notes FROM runs WHERE id = ?", (run_id,)).fetchone()
+            self.db.execute("UPDATE runs SET notes = ? WHERE id = ?",
+                            (json.dumps(json.loads(row[0]) + notes), run_id))
+
     def set_problems(self, run_id: int, problems: list[str]) -> None:
         """The environment problems seen by the latest process to grade the run."""
         with self._write():
