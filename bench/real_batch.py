@@ -208,6 +208,7 @@ class Figures:
     gpu_busy: dict[str, float] = field(default_factory=dict)  # % per GPU index, whole run
     build_busy: float | None = None  # % of the build cores until the last build ended
     build_busy_of: str = ""  # which cores, over which window, and how its end was found
+    build_s: list[float] = field(default_factory=list)  # when each build line came (s from start)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -309,6 +310,19 @@ def kbench_run(figures: Figures, work: Path, samples: list[Sample], options: lis
     figures.build_busy_of = (f"build cores {cores}" if cores else "all cores (no host_split)") + \
         f", first {last - start:.0f} s: until " + \
         ("its last build line" if builds else "the run's end (no build line seen)")
+    figures.build_s = [round(t - start, 1) for t in builds]
+    if builds:
+        figures.notes.append(build_pace(figures.build_s))
+
+
+def build_pace(times: list[float]) -> str:
+    """How builds came out: the first, those in the first minute, the rate over the window
+    from the start to the last (a stalled pool shows as a gap and a falling rate)."""
+    gaps = [b - a for a, b in zip([0.0, *times], times)]
+    return (f"{len(times)} build lines, the first at {times[0]:.0f} s, "
+            f"{sum(t <= 60 for t in times)} in the first 60 s, "
+            f"{len(times) / max(times[-1], 1e-9):.3f} a second until the last at "
+            f"{times[-1]:.0f} s, longest gap {max(gaps):.0f} s")
 
 
 def kb_prepare(checkout: Path, work: Path, samples: list[Sample], options: list[str]

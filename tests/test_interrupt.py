@@ -109,7 +109,6 @@ def test_kill_9_mid_build_leaves_a_stale_torch_lock_that_resume_clears(batch, tm
     output = resumed.communicate(timeout=400)[0]
     assert resumed.returncode == 0, output
     assert "removed torch's lock left by an interrupted build" in output
-    assert "killed" in output  # the dead build's compilers, still running, were swept
     assert _verdicts(out) == uninterrupted
     assert not _owned_by(proc.pid)
     assert Store(out).unfinished_run("l2norm") is None
