@@ -15,6 +15,7 @@ import psutil
 import pytest
 from conftest import FIXTURES, ROOT, by_name, quick_task
 
+from kbench import sandbox
 from kbench.host import proctree
 from kbench.results.store import Store
 
@@ -182,3 +183,24 @@ def test_sigterm_while_slots_grade_stores_no_verdict_for_what_it_stopped(batch, 
     resumed = _start(batch, out, cache, "--slots", "2", "--resume")
     assert resumed.communicate(timeout=400)[0] and resumed.returncode == 0
     assert _verdicts(out) == uninterrupted
+
+
+def test_a_reaped_worker_s_pid_is_never_signalled_again(tmp_path):
+    """Linux reuses pids (32768 of them by default): once a worker is reaped, its pid, and the
+    process group it named, may be another run's process. A kbench process that signalled it
+    then (a kill, a SIGSTOP while timing) stopped or killed another suite's workers."""
+    box = sandbox.Sandbox(tmp_path / "w.log", sandbox.child_env({}), memory_bytes=4 << 30,
+                          log_bytes=1 << 20)
+    box.close()
+    assert box.proc.returncode is not None  # reaped
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             start_new_session=True)
+    try:
+        box.proc.pid = other.pid  # the pid given to a new session leader, as reuse would
+        box.kill()
+        assert other.pid not in [p.pid for p in box._tree()]  # what frozen() would stop
+        with pytest.raises(subprocess.TimeoutExpired):  # alive
+            other.wait(timeout=2)
+    finally:
+        other.kill()
+        other.wait()
