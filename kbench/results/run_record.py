@@ -75,6 +75,25 @@ class Benchmark:
 
 
 @dataclass
+class TimedBeside:
+    """What else ran on the host while a submission was timed (kbench.grading.disturbance):
+    the host's load, the run's other builds and timings that overlapped, whether that
+    disturbed the timing, and what was done about a flag raised meanwhile."""
+
+    seconds: float  # wall seconds of its timing
+    other_busy_cores: float  # cores other processes kept busy on average (kbench.host.load)
+    load_avg: float | None  # the host's 1-minute load average at the end
+    cores: int
+    beside: list[str] = field(default_factory=list)  # builds and timings that overlapped
+    disturbed: bool = False
+    # Why it was timed again alone at the end: the flag its first timing raised while the
+    # host was disturbed ("" where it was not).
+    retimed_alone: str = ""
+    # "timing disturbed: ..." where kbench's clock could not tell, the host staying busy
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class RuleVerdict:
     """A verdict under one set of correctness rules (kbench.grading.kernelbench_rules)."""
 
@@ -118,6 +137,10 @@ class SubmissionResult:
     # The verdict under KernelBench's rules, for a KernelBench problem file (None for a task
     # of kbench's own format); ``status`` is the verdict under the run's ranking rules.
     kernelbench: RuleVerdict | None = None
+    timed_beside: TimedBeside | None = None  # what else ran on the host while it was timed
+    # Seconds of its timing stage by part (rounds, reference, fresh, verify, clock,
+    # kernelbench): what timing costs, and where (bench/real_batch.py sums them).
+    timing_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -128,10 +151,11 @@ class SubmissionResult:
 
     @classmethod
     def from_dict(cls, data: dict) -> SubmissionResult:
-        kb = data.get("kernelbench")
+        kb, beside = data.get("kernelbench"), data.get("timed_beside")
         return cls(**{**data, "status": Status(data["status"]), "benchmarks": [
             Benchmark.from_dict(b) for b in data.get("benchmarks", [])],
-            "kernelbench": RuleVerdict.from_dict(kb) if kb else None})
+            "kernelbench": RuleVerdict.from_dict(kb) if kb else None,
+            "timed_beside": TimedBeside(**beside) if beside else None})
 
 
 @dataclass
