@@ -143,3 +143,33 @@ def _cpu(procs: list[subprocess.Popen]) -> float:
     import psutil
 
     return sum(sum(psutil.Process(p.pid).cpu_times()[:2]) for p in procs)
+
+
+def test_under_busy_loops_on_every_core_the_honest_is_ok_and_the_forged_flagged(
+        tmp_path, cache_dir):
+    # 32 MiB a tensor: some 10 ms a call, so a stopwatch forged to a third reads 3x on
+    # kbench's clock, beyond what even a host that stays busy is allowed (2x).
+    task = quick_task(tmp_path, **{"benchmarks.cpu": [[2048, 4096]]})
+    cores = os.cpu_count() or 1
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(cores)]
+    try:
+        code, results = grade([str(FIXTURES / "cpu_timing" / "l2norm_tampers_stopwatch.py"),
+                               str(FIXTURES / "cpu" / "l2norm_torch_ok.py"), "--task",
+                               str(task), "--device", "cpu"], tmp_path / "out", cache_dir)
+    finally:
+        for proc in loops:
+            proc.kill()
+            proc.wait()
+    subs = by_name(results)
+    forged, honest = subs["l2norm_tampers_stopwatch"], subs["l2norm_torch_ok"]
+    assert code == 0 and honest["status"] == "ok" and honest["speedup"] > 0, honest["reason"]
+    assert forged["status"] == "flagged" and "kbench's own clock" in forged["reason"], \
+        forged["reason"]
+    for sub in (forged, honest):  # the loops were seen, and are in the record
+        beside = sub["timed_beside"]
+        assert beside["disturbed"] and beside["other_busy_cores"] >= 1.0, beside
+    # Its first flag was raised on a busy host: it was timed again alone, and stood.
+    assert "kbench's own clock" in forged["timed_beside"]["retimed_alone"]
+    assert "beyond the 2x" in forged["reason"]
+    assert set(honest["timing_s"]) >= {"rounds", "reference", "verify", "clock"}
