@@ -9,7 +9,8 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 
-from kbench.grading import integrity, measurement
+from kbench.grading import integrity, kernelbench_timing, measurement
+from kbench.grading import kernelbench_rules as kb_rules
 from kbench.grading.channel import Channel
 from kbench.grading.context import Context
 from kbench.grading.disturbance import Judge
@@ -76,11 +77,15 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
         else:
             bench.skipped = ("no speedup: the reference could not be timed alongside ("
                              + ("; ".join(sorted(pool.failures())) or "no reason given") + ")")
+        if kb_rules.applies(ctx) and bench.reference is not None:
+            with part("kernelbench"):
+                kernelbench_timing.time_case(ctx, channel, pool.main, i, bench)
         integrity.within_copy_bandwidth(bench, pool.copy_gbps)
         judge.checked(lambda: integrity.ordered(bench))
         with part("clock"):
             judge.checked(lambda: integrity.trusted_clock(ctx, channel, bench))
     measurement.add_speedups(result, reference)
+    kernelbench_timing.overall(result)
 
 
 class _Parts:

@@ -64,6 +64,11 @@ class Benchmark:
     skipped: str | None = None
     flops: int | None = None  # matrix-unit FLOPs of one call, counted on the reference
     nbytes: int | None = None  # the fewest bytes one call must move
+    # Timed as KernelBench's evaluator times (kbench.grading.kernelbench_timing): the mean
+    # of its trials, the submission's and the reference's, and their ratio.
+    kernelbench_ms: float | None = None
+    kernelbench_reference_ms: float | None = None
+    kernelbench_speedup: float | None = None
 
     @classmethod
     def from_dict(cls, data: dict) -> Benchmark:
@@ -138,6 +143,9 @@ class SubmissionResult:
     # of kbench's own format); ``status`` is the verdict under the run's ranking rules.
     kernelbench: RuleVerdict | None = None
     timed_beside: TimedBeside | None = None  # what else ran on the host while it was timed
+    # Its speedup as KernelBench's evaluator computes it (means, its warm-up and trials),
+    # geometric mean over the timed cases; for KernelBench problem files.
+    kernelbench_speedup: float | None = None
     # Seconds of its timing stage by part (rounds, reference, fresh, verify, clock,
     # kernelbench): what timing costs, and where (bench/real_batch.py sums them).
     timing_s: dict[str, float] = field(default_factory=dict)
