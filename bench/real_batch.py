@@ -302,6 +302,7 @@ def kbench_run(figures: Figures, work: Path, samples: list[Sample], options: lis
             if seconds is not None:
                 stages.setdefault(stage, []).append(seconds)
     figures.stage_s = {k: round(statistics.fmean(v), 2) for k, v in stages.items()}
+    figures.notes += timing_cost(subs, figures.wall_s, figures.slots)
     figures.gpu_busy = sampler.gpu_busy()
     split = (run.get("environment") or {}).get("host_split") or {}
     cores = split.get("build_cores", split.get("build"))  # the build cores, if kbench said
@@ -323,6 +324,24 @@ def build_pace(times: list[float]) -> str:
             f"{sum(t <= 60 for t in times)} in the first 60 s, "
             f"{len(times) / max(times[-1], 1e-9):.3f} a second until the last at "
             f"{times[-1]:.0f} s, longest gap {max(gaps):.0f} s")
+
+
+def timing_cost(subs: list[dict], wall_s: float, slots: int) -> list[str]:
+    """GPU-seconds of timing per timed sample (a slot holds its GPU while it times), by part,
+    and timing's share of the GPUs' time over the run: near 1, timing bounds the batch."""
+    timed = [s for s in subs if "timing" in (s.get("stage_s") or {})]
+    if not timed:
+        return []
+    total = sum(s["stage_s"]["timing"] for s in timed)
+    parts: Counter[str] = Counter()
+    for sub in timed:
+        parts.update(sub.get("timing_s") or {})
+    disturbed = sum(1 for s in timed if (s.get("timed_beside") or {}).get("disturbed"))
+    again = sum(1 for s in timed if (s.get("timed_beside") or {}).get("retimed_alone"))
+    return [f"timing: {total / len(timed):.1f} GPU-s per timed sample ({len(timed)} timed; "
+            + ", ".join(f"{k} {v / len(timed):.1f}" for k, v in parts.most_common())
+            + f"); {total / max(1e-9, wall_s * slots):.0%} of the GPUs' time over the run; "
+            f"{disturbed} timed on a disturbed host, {again} timed again alone"]
 
 
 def kb_prepare(checkout: Path, work: Path, samples: list[Sample], options: list[str]
@@ -446,6 +465,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--out", type=Path, help="kbench's --out (required unless --layout-only)")
     parser.add_argument("--kernelbench", type=Path, help="a checkout of KernelBench: run its "
                         "scripts/eval_from_generations.py on the same samples too")
+    parser.add_argument("--kb-baseline", type=Path, help="KernelBench's reference times "
+                        "(its generate_baseline_time.py's JSON), for its speedups where its "
+                        "eval_results.json has no ref_runtime")
     parser.add_argument("--kb-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="another eval_from_generations.py override, e.g. timeout=300")
     parser.add_argument("--levels", type=lambda s: {int(v) for v in s.split(",")})
@@ -503,7 +525,32 @@ def main(argv: list[str] | None = None) -> int:
             sampler.stop()
         save()
     print("\n" + "\n".join(census.lines()) + "\n\n" + table(runs), flush=True)
+    if args.kernelbench and "--no-timing" not in options:
+        print("\n" + "\n".join(agreement(args, work, samples)), flush=True)
     return 0
+
+
+def agreement(args: argparse.Namespace, work: Path, samples: list[Sample]) -> list[str]:
+    """Both tools' speedups side by side (bench/speedup_agreement.py)."""
+    if str(Path(__file__).parent) not in sys.path:
+        sys.path.insert(0, str(Path(__file__).parent))
+    from speedup_agreement import kbench_figures, kernelbench_figures, report
+
+    levels = {s.level for s in samples}
+    level = levels.pop() if len(levels) == 1 else 9
+    run = work / "kernelbench" / f"runs/rb_level{level}"
+    files = [args.out.resolve() / "results.json", run / "eval_results.json",
+             run / "samples.json"]
+    if not all(f.exists() for f in files):
+        return [f"speedups not compared: {', '.join(str(f) for f in files if not f.exists())} "
+                "missing"]
+    mine = kbench_figures(json.loads(files[0].read_text()), work / "subs")
+    baseline = json.loads(args.kb_baseline.read_text()) if args.kb_baseline else None
+    theirs, missing = kernelbench_figures(
+        json.loads(files[1].read_text()), json.loads(files[2].read_text()), level,
+        {str(pid): f"{s.problem}.py" for pid, s in enumerate(samples, 1)}, baseline)
+    return report(mine, theirs) + ([f"KernelBench gave no reference time for {len(missing)} "
+                                    "correct sample(s) (pass --kb-baseline)"] if missing else [])
 
 
 if __name__ == "__main__":

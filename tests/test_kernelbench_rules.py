@@ -101,3 +101,29 @@ def test_a_build_error_from_a_removed_torch_api_names_the_installed_torch():
 def test_a_tolerance_out_of_range_is_refused(tmp_path, capsys):
     assert cli.main(["grade", *ARGS, "--atol", "-1", "--out", str(tmp_path)]) != 0
     assert "--atol -1.0: expected a tolerance from 0 to 1" in capsys.readouterr().err
+
+
+def test_timed_its_speedup_as_kernelbench_computes_it_stands_beside_kbench_s(tmp_path,
+                                                                           cache_dir):
+    from kbench.grading import kernelbench_timing
+
+    out = tmp_path / "reports"
+    code, results = grade([str(KB / "subs" / "gelu" / "erf.py"), "--task",
+                           str(KB / "problems" / "gelu.py"), "--device", "cpu", "--seed", "7",
+                           "--profile", "quick"], out, cache_dir)
+    sub = results["submissions"][0]
+    assert code == 0 and sub["status"] == "ok", sub["reason"]
+    bench = sub["benchmarks"][0]
+    # Its figures are means of KernelBench's trials, in each side's process; the ratio is
+    # theirs, and the submission's overall is the one size's.
+    assert bench["kernelbench_ms"] > 0 and bench["kernelbench_reference_ms"] > 0
+    assert bench["kernelbench_speedup"] == pytest.approx(
+        bench["kernelbench_reference_ms"] / bench["kernelbench_ms"])
+    assert sub["kernelbench_speedup"] == pytest.approx(bench["kernelbench_speedup"])
+    assert sub["timing_s"]["kernelbench"] > 0
+    assert kernelbench_timing.TRIALS == 100 and kernelbench_timing.WARMUP == 3
+    # Means of 100 unflushed trials on a shared CPU swing with every preemption, so how the
+    # two figures compare is for bench/real_batch.py on a GPU host, not for this test.
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert float(rows[0]["kernelbench_speedup"]) == pytest.approx(bench["kernelbench_speedup"])
+    assert rows[0]["disturbed"] in ("True", "False") and rows[0]["disturbance"]

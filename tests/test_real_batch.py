@@ -203,3 +203,60 @@ def test_kernelbench_run(leaderboard: Path, tmp_path: Path, capsys) -> None:
     assert figures.verdicts == {"correct": 1, "wrong": 1, "timeout": 1}
     assert "until its first batch of evaluations" in figures.build_busy_of
     assert f"3 False {work / 'kernelbench' / 'shim'}" in capsys.readouterr().out
+
+
+def test_spearman_with_ties_and_the_causes_of_a_difference() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import speedup_agreement as sa
+
+    assert sa.ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
+    assert sa.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert sa.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert sa.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert sa.spearman([1, 2], [1, 2]) is None and sa.spearman([1, 1, 1], [1, 2, 3]) is None
+    fig = sa.KbenchFigure
+    mine = {"a.py": fig(1.0, (0.98, 1.02), 1.0, False, False),
+            "b.py": fig(3.0, (2.9, 3.1), 1.1, True, False),  # method, at launch-bound sizes
+            "c.py": fig(2.0, (1.9, 2.1), 2.0, False, True),  # KernelBench's own figure moved
+            "d.py": fig(4.0, (3.9, 4.1), None, False, False)}
+    theirs = {"a.py": 1.1, "b.py": 1.0, "c.py": 0.5, "d.py": 4.2, "e.py": 9.0}
+    lines = sa.report(mine, theirs)
+    assert lines[0].startswith("speedups on 4 sample(s)") and "correlation" in lines[0]
+    assert [line.split(":")[0].strip() for line in lines[1:]] == ["b.py", "c.py"]
+    assert "method: timed as KernelBench times, kbench gets 1.1x too" in lines[1]
+    assert "launch-bound" in lines[1]
+    assert "run to run" in lines[2] and "disturbed" in lines[2]
+
+
+def test_kernelbench_speedups_from_its_results_and_a_baseline(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import speedup_agreement as sa
+
+    results = {"1": [{"correctness": True, "runtime": 2.0, "ref_runtime": 4.0}],
+               "2": [{"correctness": True, "runtime": 1.0}],
+               "3": [{"correctness": False, "runtime": -1}],
+               "4": [{"correctness": True, "runtime": 1.0}]}
+    samples = {"1": "l1/a.py", "2": "l1/b.py", "3": "l1/c.py", "4": "l1/d.py"}
+    files = {"1": "1_A.py", "2": "2_B.py", "3": "3_C.py", "4": "4_D.py"}
+    speedups, missing = sa.kernelbench_figures(results, samples, 1, files,
+                                               {"level1": {"2_B.py": {"mean": 3.0}}})
+    assert speedups == {"l1/a.py": 2.0, "l1/b.py": 3.0} and missing == ["l1/d.py"]
+    subs = tmp_path / "subs"
+    run = {"submissions": [
+        {"status": "ok", "path": str(subs / "l1/a.py"), "speedup": 1.5, "speedup_ci": [1, 2],
+         "kernelbench_speedup": 1.8, "timed_beside": {"disturbed": True},
+         "benchmarks": [{"candidate": {"ms": 0.01}, "reference": {"ms": 0.02}}]},
+        {"status": "wrong_output", "path": str(subs / "l1/b.py"), "speedup": None}]}
+    mine = sa.kbench_figures(run, subs)
+    assert mine == {"l1/a.py": sa.KbenchFigure(1.5, (1, 2), 1.8, True, True)}
+
+
+def test_timing_cost_per_sample_and_share_of_the_gpus() -> None:
+    subs = [{"stage_s": {"timing": 30.0}, "timing_s": {"rounds": 20.0, "clock": 5.0},
+             "timed_beside": {"disturbed": True, "retimed_alone": "flag"}},
+            {"stage_s": {"timing": 10.0}, "timing_s": {"rounds": 6.0}},
+            {"stage_s": {"load": 1.0}}]
+    line, = real_batch.timing_cost(subs, wall_s=40.0, slots=2)
+    assert line.startswith("timing: 20.0 GPU-s per timed sample (2 timed; rounds 13.0, "
+                           "clock 2.5); 50% of the GPUs' time")
+    assert "1 timed on a disturbed host, 1 timed again alone" in line

@@ -106,3 +106,23 @@ def test_the_reports_say_first_that_skipped_submissions_were_not_run():
     assert "- correct: 1/1 problems" in board
     assert "<b>Not run here</b>: 3 of 4 submissions" in html_report.page(run)
     assert "Not run here" not in leaderboard(_run([_named("a1", "a", 1.0, [0.98, 1.02])]))
+
+
+def test_fast_p_as_kernelbench_times_and_the_cost_of_timing_per_submission():
+    subs = [_sub("a", Status.OK, 1.6, [1.55, 1.7]), _sub("b", Status.OK, 1.02, [0.97, 1.08]),
+            _sub("d", Status.OK, 2.5, [2.2, 2.9])]
+    for sub, kb, timing in zip(subs, (1.2, 1.7, 2.4), (10.0, 20.0, 30.0), strict=True):
+        sub.kernelbench_speedup = kb
+        sub.stage_s = {"load": 1.0, "timing": timing}
+        sub.timing_s = {"rounds": timing / 2, "clock": timing / 4}
+    s = summarise(_run(subs + [_sub("c", Status.WRONG_OUTPUT)]))
+    # Means of KernelBench's trials, one figure per problem (its best by kbench's rank).
+    assert s.fast_kernelbench == {0.0: 0.75, 1.0: 0.75, 1.5: 0.5, 2.0: 0.25}
+    assert s.timing_s == pytest.approx(20.0)
+    assert s.timing_parts == pytest.approx({"clock": 5.0, "rounds": 10.0})
+    table = leaderboard(_run(subs))
+    assert "| vs eager as KernelBench times (mean of its trials) > p | 100.0% |" in table
+    assert "- timing: 20.0 s per timed submission on its GPU (clock 5.0 s, rounds 10.0 s)" \
+        in table
+    # A run where nothing has KernelBench's figure says so, not 0 %.
+    assert summarise(_run([_sub("a", Status.OK, 1.6, [1.55, 1.7])])).fast_kernelbench == {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from kbench import sandbox
 from kbench.grading import building, hostsplit
@@ -19,7 +20,7 @@ from kbench.grading.reference_pool import ReferencePool
 from kbench.grading.screen import ProblemError, screen
 from kbench.grading.slot import Slot
 from kbench.grading.watch import Watcher, tampered
-from kbench.host import backends, doctor, environment
+from kbench.host import activity, backends, doctor, environment
 from kbench.host.toolchain import find_toolchain
 from kbench.problems.cases import CaseError
 from kbench.problems.load import load_task
@@ -50,6 +51,7 @@ class LocalExecutor:
         self.copy_gbps: float | None = None  # measured once per run, by the first pool
         self.note_unwatched = True  # say at the end how often shared folders went unchecked
         self.notes: list[str] = []  # what the run's reports say about the grading itself
+        self.activity = activity.Log(options.cache_dir)  # what timings beside this one see
 
     def watch_store(self, presence: Presence) -> None:
         """The store's folder counts as shared with other kbench processes too."""
@@ -96,15 +98,20 @@ class LocalExecutor:
         process a grading window beside running builds could not tell their writes from its
         submission's. A suspect of the pool's window is built again alone and graded last."""
         ordered = [job for group in _groups(jobs).values() for job in group]
+        deferred: list[Job] = []  # timing flags raised on a disturbed host: timed again
         with Pipeline(self.options, self.toolchain, self.environment_problem, self.split,
                       self.say) as pipeline, _pinned(self.split.timing[0]):
             pipeline.start(ordered)
             pipeline.finish()
-            self._problems(ordered, sink, pipeline.wait, None)
-            if suspects := pipeline.suspects():
-                settled = pipeline.settle()
-                self._problems(suspects, sink, lambda group: {j.path: settled.get(j.path)
-                                                              for j in group}, None)
+            self._problems(ordered, sink, pipeline.wait, deferred.append)
+            suspects = pipeline.suspects()
+            if suspects or deferred:
+                built = {**pipeline.built(), **(pipeline.settle() if suspects else {})}
+                if deferred:
+                    self.say(f"timing {len(deferred)} submission(s) again, alone: their "
+                             "flags were raised while the host was disturbed")
+                self._problems(suspects + deferred, sink,
+                               lambda group: {j.path: built.get(j.path) for j in group}, None)
 
     def _problems(self, jobs: list[Job], sink: Sink, builds: Builds,
                   defer: Callable[[Job], None] | None) -> None:
@@ -150,8 +157,9 @@ class LocalExecutor:
         self.watcher.for_task(ctx)
         with ReferencePool(ctx, self.copy_gbps) as pool:
             built = self._built(ctx, jobs, builds(jobs))
-            reference, start, compiled = self._reference_at_start(
-                pool, sink, _runnable(ctx, [j for j in jobs if j.path in built], built))
+            with self.activity.record("timing", f"{ctx.task.name}/reference"):
+                reference, start, compiled = self._reference_at_start(
+                    pool, sink, _runnable(ctx, [j for j in jobs if j.path in built], built))
             slot, timed = Slot(ctx, self.watcher, pool), False
             jobs = [job for job in jobs if job.path in built]  # the rest: graded at the end
             try:
@@ -159,9 +167,10 @@ class LocalExecutor:
                     upcoming = next((j.submission() for j in jobs[k + 1:k + 2]
                                      if built[j.path].verdict is None), None)
                     result = slot.evaluate(job.submission(), built[job.path], reference,
-                                           upcoming, can_defer=defer is not None)
+                                           upcoming, can_defer=defer is not None,
+                                           retimed=job.retimed)
                     if result is None:
-                        defer(job)
+                        defer(replace(job, retimed=slot.deferred))
                         continue
                     sink.result(result)
                     timed = timed or any(b.candidate for b in result.benchmarks)
@@ -169,7 +178,8 @@ class LocalExecutor:
                 sandbox.drop_spares()
             if timed:  # the reference once more: did the machine drift meanwhile?
                 self.say(f"{ctx.task.name}: timing the reference again (drift check)")
-                table, notes = pool.table(start, pool.time_all(start), compiled)
+                with self.activity.record("timing", f"{ctx.task.name}/reference"):
+                    table, notes = pool.table(start, pool.time_all(start), compiled)
                 sink.problem(self._problem_run(ctx, table, pool, notes))
             self.copy_gbps = self.copy_gbps or pool.copy_gbps
 

@@ -47,6 +47,19 @@ _CLOCKED_MAX_CALLS = 2000
 _CLOCK_SLACK = {"cuda": (0.15, 0.1), "cpu": (0.5, 1.0)}
 
 
+class TimingFlag(Stop):
+    """A flag from a check that host load can fool (kbench's own clock, the ordering check):
+    kbench.grading.disturbance decides whether it stands. ``seen_ms``: the call's time per
+    call as the check saw it, where that is what a disturbed timing's interval widens to;
+    ``explained_ms``: what the submission's own figures explain of it."""
+
+    def __init__(self, verdict: Verdict, check: str, bench: Benchmark,
+                 seen_ms: float | None = None, explained_ms: float | None = None) -> None:
+        super().__init__(verdict)
+        self.check, self.bench = check, bench
+        self.seen_ms, self.explained_ms = seen_ms, explained_ms
+
+
 def verify(ctx: Context, channel: Channel, params: Params, kept: list[int]) -> None:
     """Outputs of timed calls, checked like a case's: the two latest and others picked here at
     random among those the worker kept (see kbench.worker.kept), against the reference on the
@@ -116,12 +129,13 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark) -> None:
             break
     mine.trusted_ms = best
     if best > allowed:
-        raise Stop(Verdict(Status.FLAGGED, f"benchmark {params_text(bench.params)}: kbench's "
+        raise TimingFlag(Verdict(Status.FLAGGED, f"benchmark {params_text(bench.params)}: kbench's "
                            f"own clock took {best:.4g} ms per call at best in "
                            f"{_CLOCKED_ROUNDS * _CLOCKED_PASSES} passes; the submission's "
                            f"timing explains {explained:.4g} ms ({mine.ms:.4g} ms timed + "
                            "host dispatch): work was hidden from the stopwatch or the "
-                           "stopwatch was tampered with"))
+                           "stopwatch was tampered with"), "clock", bench,
+                         best - (mine.host_ms or 0.0 if cuda else 0.0), explained)
 
 
 def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int) -> float:
@@ -152,10 +166,11 @@ def ordered(bench: Benchmark) -> None:
     side = bench.candidate.side_work_ms
     if side is not None and side > max(measurement.UNORDERED_MS,
                                        measurement.UNORDERED_SHARE * bench.candidate.ms):
-        raise Stop(Verdict(Status.FLAGGED, f"benchmark {params_text(bench.params)}: the "
-                           f"device stayed busy {side:.3g} ms after the call's stream was "
-                           "done: work left on other streams, not ordered before the caller's "
-                           "stream, so the output was returned before it was ready"))
+        raise TimingFlag(Verdict(
+            Status.FLAGGED, f"benchmark {params_text(bench.params)}: the device stayed busy "
+            f"{side:.3g} ms after the call's stream was done: work left on other streams, "
+            "not ordered before the caller's stream, so the output was returned before it "
+            "was ready"), "ordering", bench)
 
 
 def within_copy_bandwidth(bench: Benchmark, copy_gbps: float | None) -> None:

@@ -25,6 +25,9 @@ class Job:
     path: str  # its file
     sha256: str  # of its bytes when the job was made
     options: dict  # Options.to_dict()
+    # Why it is graded again alone at the end: the flag its timing raised while the host was
+    # disturbed (kbench.grading.disturbance); "" the first time.
+    retimed: str = ""
 
     @classmethod
     def make(cls, task: Path, problem: str, sub: Submission, options: Options) -> Job:

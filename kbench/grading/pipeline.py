@@ -31,7 +31,7 @@ from kbench.grading.hostsplit import HostSplit
 from kbench.grading.jobs import Job
 from kbench.grading.options import Options
 from kbench.grading.watch import Watcher, tampered
-from kbench.host import build_lock, interrupt
+from kbench.host import activity, build_lock, interrupt
 from kbench.host.build_dirs import build_dir
 from kbench.host.toolchain import Toolchain
 from kbench.problems.load import load_task
@@ -189,9 +189,11 @@ class Pipeline:
         try:
             ctx = self._contexts[(job.task, job.problem)]
             if ctx is not None:
-                built = building.build(ctx, job.submission(), self.environment_problem,
-                                       self.split.cores_per_build(), self.split.build,
-                                       self.split.nice, lock_wait_s=_LOCK_WAIT_S)
+                with activity.Log(self.options.cache_dir).record(
+                        "build", f"{job.problem}/{job.name}"):  # timings beside it see it
+                    built = building.build(ctx, job.submission(), self.environment_problem,
+                                           self.split.cores_per_build(), self.split.build,
+                                           self.split.nice, lock_wait_s=_LOCK_WAIT_S)
                 self.say(f"{job.problem}: {job.name} {building.outcome(built)}")
         except build_lock.Busy as busy:  # another kbench process builds it: not a failure
             self.say(f"{job.problem}: {job.name}: {busy}; tried again after the others")

@@ -56,6 +56,19 @@ class ReferenceWorker:
             self.close()
             return None
 
+    def trials(self, index: int, request: protocol.TimeTrials) -> list[float] | None:
+        """KernelBench's timing of benchmark ``index`` (kbench.grading.kernelbench_timing);
+        None if the reference cannot be timed."""
+        if self.skips[index] is not None:
+            return None
+        try:
+            return self._open().call(request, self.ctx.task.limits.benchmark_s,
+                                     "the reference, timed as KernelBench times").ms
+        except Stop as stop:
+            self.failure = stop.verdict.reason
+            self.close()
+            return None
+
     def _open(self) -> Channel:
         if self.channel is not None:
             return self.channel

@@ -6,11 +6,14 @@ passes the integrity checks before its speedups are computed."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
-from kbench.grading import integrity, measurement
+from kbench.grading import integrity, kernelbench_timing, measurement
+from kbench.grading import kernelbench_rules as kb_rules
 from kbench.grading.channel import Channel
 from kbench.grading.context import Context
+from kbench.grading.disturbance import Judge
 from kbench.grading.options import TimingMode
 from kbench.grading.reference_pool import ReferencePool, ReferenceWorker
 from kbench.results.run_record import Benchmark, SubmissionResult
@@ -21,7 +24,7 @@ OpenRound = Callable[[int], Channel]  # round r -> a new process of the submissi
 
 def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
                     reference: list[Benchmark], pool: ReferencePool,
-                    open_round: OpenRound) -> None:
+                    open_round: OpenRound, judge: Judge) -> None:
     """Each case in rounds, alternating with the reference's. Cases whose reference ran
     under the task's ``fresh_rounds_below_ms`` at the start take the profile's fresh rounds
     (kbench.grading.options.Rigour), every
@@ -30,7 +33,8 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
     speedup of 10 us calls unless the rounds sample many processes. Those cases go first,
     round by round, so that a round costs one new process per side; the first is the
     submission's own process, where kbench's clock runs later. Eager mode only: graph
-    replays launch no kernel one by one."""
+    replays launch no kernel one by one. The checks that host load can fool go through
+    ``judge`` (kbench.grading.disturbance); the seconds of each part go to ``timing_s``."""
     eager = ctx.options.timing is TimingMode.EAGER
     below = ctx.task.timing[ctx.device.type].fresh_rounds_below_ms if eager else 0.0
     mine: dict[int, list[Samples]] = {}  # per timed case, the submission's rounds
@@ -43,18 +47,22 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
             mine[i], theirs[i] = [], []
     fresh = [i for i in mine if reference[i].reference.ms < below]
     rigour = ctx.options.rigour
+    part = _Parts(result.timing_s)
 
     def one_round(i: int, process: Channel, worker: ReferenceWorker, count: int) -> None:
         params = reference[i].params
-        with process.frozen(), channel.frozen() if process is not channel else \
-                contextlib.nullcontext():  # no process of the submission runs meanwhile
-            theirs[i].append(worker.samples(i, params, count))
-        mine[i].append(process.samples(params, count, keep=True))
-        integrity.verify(ctx, process, params, mine[i][-1].kept)
+        with part("reference"), process.frozen(), channel.frozen() \
+                if process is not channel else contextlib.nullcontext():
+            theirs[i].append(worker.samples(i, params, count))  # no submission process runs
+        with part("rounds"):
+            mine[i].append(process.samples(params, count, keep=True))
+        with part("verify"):
+            integrity.verify(ctx, process, params, mine[i][-1].kept)
 
     for r in range(rigour.fresh_rounds if fresh else 0):
         with contextlib.ExitStack() as stack:
-            here = channel if r == 0 else stack.enter_context(open_round(r))
+            with part("fresh processes"):
+                here = channel if r == 0 else stack.enter_context(open_round(r))
             for i in fresh:
                 one_round(i, here, pool.rounds[r], rigour.fresh_rounds)
     for i in mine:
@@ -69,7 +77,27 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
         else:
             bench.skipped = ("no speedup: the reference could not be timed alongside ("
                              + ("; ".join(sorted(pool.failures())) or "no reason given") + ")")
+        if kb_rules.applies(ctx) and bench.reference is not None:
+            with part("kernelbench"):
+                kernelbench_timing.time_case(ctx, channel, pool.main, i, bench)
         integrity.within_copy_bandwidth(bench, pool.copy_gbps)
-        integrity.ordered(bench)
-        integrity.trusted_clock(ctx, channel, bench)
+        judge.checked(lambda: integrity.ordered(bench))
+        with part("clock"):
+            judge.checked(lambda: integrity.trusted_clock(ctx, channel, bench))
     measurement.add_speedups(result, reference)
+    kernelbench_timing.overall(result)
+
+
+class _Parts:
+    """Wall seconds of the parts of a submission's timing, summed into ``into``."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into = into
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.into[name] = round(self.into.get(name, 0.0) + time.monotonic() - start, 3)

@@ -14,6 +14,7 @@ from kbench.grading import kernelbench_rules as kb_rules
 from kbench.grading.building import Built
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
+from kbench.grading.disturbance import Deferred, Judge
 from kbench.grading.options import Rules
 from kbench.grading.reference_pool import ReferencePool
 from kbench.grading.watch import Watcher, tampered
@@ -30,14 +31,17 @@ class Slot:
         self.watcher = watcher
         self.pool = pool
         self.upcoming: Submission | None = None
+        self.deferred = ""  # why the last submission evaluated was deferred, by its timing
 
     def evaluate(self, sub: Submission, built: Built, reference: list[Benchmark],
-                 upcoming: Submission | None = None, can_defer: bool = False
-                 ) -> SubmissionResult | None:
-        """The submission's result; None where it saw kbench's files changed while a build
-        pipeline ran beside it and ``can_defer`` (the change is not pinned on it: it is graded
-        again once the builds are done). ``upcoming``: the next submission this slot grades,
-        whose worker starts ahead (kbench.sandbox.prestart) once this one's timing is over."""
+                 upcoming: Submission | None = None, can_defer: bool = False,
+                 retimed: str = "") -> SubmissionResult | None:
+        """The submission's result; None where ``can_defer`` and it saw kbench's files changed
+        while a build pipeline ran beside it (the change is not pinned on it), or its timing
+        raised a flag while the host was disturbed (kbench.grading.disturbance, the reason
+        in ``deferred``): it is graded again alone once the rest is done. ``upcoming``: the
+        next submission this slot grades, whose worker starts ahead (kbench.sandbox.prestart)
+        once this one's timing is over. ``retimed``: why this is such a second grading."""
         ctx = self.ctx
         source = sub.path.read_text(errors="replace")
         result = SubmissionResult(
@@ -46,7 +50,7 @@ class Slot:
             cases_total=kb_rules.TRIALS if _kernelbench_ranks(ctx) else len(ctx.cases),
             build_s=round(built.seconds, 2), logs=[str(ctx.logs / f"{sub.log_name}.build.log")],
             problem=ctx.task.name, backend=backends.for_source(source).name)
-        self.upcoming = upcoming
+        self.upcoming, self.deferred = upcoming, ""
         if not ctx.options.timed:
             self._prestart()
         verdict = built.verdict
@@ -60,8 +64,12 @@ class Slot:
         if verdict is None:
             result.logs.append(str(ctx.logs / f"{sub.log_name}.run.log"))
             try:
-                self._run(sub, result, reference)
+                self._run(sub, result, reference, Judge(
+                    ctx.options.cache_dir, ctx.device.type, f"{ctx.task.name}/{sub.name}",
+                    final=not can_defer, retimed=retimed))
                 verdict = Verdict(Status.OK)
+            except Deferred as deferred:  # only where can_defer: see Judge's ``final``
+                self.deferred, verdict = deferred.reason, Verdict(Status.OK)
             except Stop as stop:
                 verdict, result.failure = stop.verdict, stop.failure
             except Exception as exc:  # a kbench bug must not end the run or blame the submission
@@ -76,7 +84,7 @@ class Slot:
         finding = changed()
         if finding.lines:  # the next worker may have imported what was changed
             sandbox.drop_spares()
-        if finding.lines and finding.builds_beside and can_defer:
+        if can_defer and (self.deferred or finding.lines and finding.builds_beside):
             return None
         if finding.lines:
             verdict = tampered("while graded", finding.lines)
@@ -91,7 +99,7 @@ class Slot:
                              building.env(self.ctx, sub), self.ctx.device.type)
 
     def _run(self, sub: Submission, result: SubmissionResult,
-             reference: list[Benchmark]) -> None:
+             reference: list[Benchmark], judge: Judge) -> None:
         ctx = self.ctx
         lap = _Laps(result)
         kernelbench = _kernelbench_ranks(ctx)
@@ -117,8 +125,13 @@ class Slot:
                 correctness.recheck(ctx, sub, returned)
                 lap("correctness")
             if ctx.options.timed:
-                rounds.time_submission(ctx, channel, result, reference, self.pool,
-                                       lambda r: self._round_channel(sub, r, result))
+                with judge:
+                    try:
+                        rounds.time_submission(ctx, channel, result, reference, self.pool,
+                                               lambda r: self._round_channel(sub, r, result),
+                                               judge)
+                    finally:
+                        result.timed_beside = judge.record()
                 lap("timing")
                 self._prestart()
             # What ran is profiled where the report shows it (a timed run) or a policy needs

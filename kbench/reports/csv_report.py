@@ -24,6 +24,13 @@ Columns, in order:
     gbps, copy_gbps            achieved bandwidth; the run's measured copy bandwidth
     tflops                     achieved FLOP/s (where the work has matrix FLOPs)
     skipped                    why this size was not timed
+    kernelbench_speedup, kernelbench_ms, kernelbench_reference_ms  -- this size timed as
+                       KernelBench's evaluator times (the mean of its trials, in each side's
+                       own process): beside kbench's median and interval, never ranking
+    disturbed          the host was disturbed while the submission was timed (other kbench
+                       builds or timings beside it, or busy cores); disturbance: what ran
+                       beside it, whether it was timed again alone, and any "timing
+                       disturbed" note
     flags, sha256, path
 """
 
@@ -40,7 +47,9 @@ COLUMNS = ("run_id", "profile", "problem", "submission", "backend", "status", "r
            "speedup", "speedup_low", "speedup_high", "size", "dtype", "size_speedup",
            "size_speedup_low", "size_speedup_high", "size_compile_speedup",
            "size_compile_low", "size_compile_high", "ms", "ms_low", "ms_high",
-           "reference_ms", "gbps", "copy_gbps", "tflops", "skipped", "flags", "sha256", "path")
+           "reference_ms", "gbps", "copy_gbps", "tflops", "skipped", "kernelbench_speedup",
+           "kernelbench_ms", "kernelbench_reference_ms", "disturbed", "disturbance", "flags",
+           "sha256", "path")
 
 
 def table(run: RunResult) -> str:
@@ -63,7 +72,8 @@ def _row(run: RunResult, sub: SubmissionResult, b: Benchmark | None) -> dict:
            "cases_total": sub.cases_total, "custom_share": sub.custom_share,
            "kernels": ";".join(sub.kernels), "speedup": sub.speedup,
            **_bounds("speedup", sub.speedup_ci), "flags": ";".join(sub.flags),
-           "sha256": sub.sha256, "path": sub.path, "copy_gbps": run.copy_gbps}
+           "sha256": sub.sha256, "path": sub.path, "copy_gbps": run.copy_gbps,
+           **_beside(sub)}
     if b is None:
         return row
     m = b.candidate
@@ -72,7 +82,9 @@ def _row(run: RunResult, sub: SubmissionResult, b: Benchmark | None) -> dict:
                 "size_compile_speedup": b.compile_speedup,
                 **_bounds("size_compile", b.compile_speedup_ci),
                 "reference_ms": b.reference.ms if b.reference else None,
-                "skipped": b.skipped})
+                "skipped": b.skipped, "kernelbench_speedup": b.kernelbench_speedup,
+                "kernelbench_ms": b.kernelbench_ms,
+                "kernelbench_reference_ms": b.kernelbench_reference_ms})
     if m is not None:
         row.update({"ms": m.ms, "ms_low": m.ci[0], "ms_high": m.ci[1], "gbps": m.gbps,
                     "tflops": b.flops / (m.ms * 1e-3) / 1e12 if b.flops else None})
@@ -82,3 +94,14 @@ def _row(run: RunResult, sub: SubmissionResult, b: Benchmark | None) -> dict:
 def _bounds(name: str, ci: list[float] | None) -> dict:
     low, high = ci or (None, None)
     return {f"{name}_low": low, f"{name}_high": high}
+
+
+def _beside(sub: SubmissionResult) -> dict:
+    t = sub.timed_beside
+    if t is None:
+        return {}
+    said = [f"{t.other_busy_cores:g} of {t.cores} cores busy with other work"
+            + (f", load average {t.load_avg:.2f}" if t.load_avg is not None else "")]
+    said += [f"beside: {', '.join(t.beside)}"] if t.beside else []
+    said += [f"timed again alone after: {t.retimed_alone}"] if t.retimed_alone else []
+    return {"disturbed": t.disturbed, "disturbance": "; ".join(said + t.notes)}

@@ -160,6 +160,10 @@ def _summary(run: RunResult) -> list[str]:
              "geometric-mean speedup of each problem's best: "
              + (f"{s.geomean:.3f}x" if s.geomean else "-")]
     lines += _kernelbench_summary(run)
+    if s.timing_s is not None:
+        lines.append(f"- timing: {s.timing_s:.1f} s per timed submission on its GPU ("
+                     + ", ".join(f"{k} {v:.1f} s" for k, v in s.timing_parts.items())
+                     + "), reference timing at each problem's start and end apart")
     if s.inconclusive:
         lines.append(f"- timings inconclusive for {len(s.inconclusive)} correct "
                      f"submission(s) (95% interval wider than a factor of {INCONCLUSIVE:g}: "
@@ -173,7 +177,9 @@ def _summary(run: RunResult) -> list[str]:
     for label, values in (("vs eager, lower bound of the 95% interval > p", s.fast),
                           ("vs eager, median > p (KernelBench's fast_p; inconclusive "
                            "timings not counted)", s.fast_plain),
-                          ("vs torch.compile, lower bound > p", s.fast_compile)):
+                          ("vs torch.compile, lower bound > p", s.fast_compile),
+                          ("vs eager as KernelBench times (mean of its trials) > p",
+                           s.fast_kernelbench)):
         lines.append(f"| {label} | " + share(f"{100 * values[p]:.1f}%" if values else
                                              "not timed" for p in THRESHOLDS) + " |")
     return lines

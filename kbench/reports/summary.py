@@ -50,6 +50,13 @@ class Summary:
     degenerate: int = 0  # degenerate problems left out (see the module's doc)
     skipped: int = 0  # problems whose every submission was skipped
     inconclusive: list[str] = field(default_factory=list)  # correct, timing inconclusive
+    # fast_p with each speedup as KernelBench's evaluator computes it (the mean of its
+    # trials, kbench.grading.kernelbench_timing); empty where no correct one has it.
+    fast_kernelbench: dict[float, float] = field(default_factory=dict)
+    # Seconds of timing per timed submission (the slot holds its GPU meanwhile): in all,
+    # and by part (results' timing_s); None where nothing was timed.
+    timing_s: float | None = None
+    timing_parts: dict[str, float] = field(default_factory=dict)
 
     @property
     def correct_rate(self) -> float:
@@ -179,4 +186,18 @@ def summarise(run: RunResult) -> Summary:
         geomean=geomean(timed) if timed else None,
         degenerate=len(degenerate), skipped=len(skipped),
         inconclusive=[s.name for s in run.submissions
-                      if s.status is Status.OK and inconclusive(s)])
+                      if s.status is Status.OK and inconclusive(s)],
+        fast_kernelbench=share(lambda w, p: p == 0 or (w.kernelbench_speedup or 0.0) > p)
+        if any(s.kernelbench_speedup for subs in ok for s in subs) else {},
+        **_timing_cost(run))
+
+
+def _timing_cost(run: RunResult) -> dict:
+    """Mean seconds of timing per timed submission, in all and by part."""
+    timed = [s for s in run.submissions if "timing" in s.stage_s and s.reused_from_run is None]
+    if not timed:
+        return {}
+    parts = sorted({k for s in timed for k in s.timing_s})
+    return {"timing_s": sum(s.stage_s["timing"] for s in timed) / len(timed),
+            "timing_parts": {k: sum(s.timing_s.get(k, 0.0) for s in timed) / len(timed)
+                             for k in parts}}

@@ -64,6 +64,11 @@ class Benchmark:
     skipped: str | None = None
     flops: int | None = None  # matrix-unit FLOPs of one call, counted on the reference
     nbytes: int | None = None  # the fewest bytes one call must move
+    # Timed as KernelBench's evaluator times (kbench.grading.kernelbench_timing): the mean
+    # of its trials, the submission's and the reference's, and their ratio.
+    kernelbench_ms: float | None = None
+    kernelbench_reference_ms: float | None = None
+    kernelbench_speedup: float | None = None
 
     @classmethod
     def from_dict(cls, data: dict) -> Benchmark:
@@ -72,6 +77,25 @@ class Benchmark:
         if "shape" in data:  # stored before kbench 0.3: sizes without names
             data["params"] = {f"d{i}": v for i, v in enumerate(data.pop("shape"))}
         return cls(**{k: Measurement(**v) if k in sides and v else v for k, v in data.items()})
+
+
+@dataclass
+class TimedBeside:
+    """What else ran on the host while a submission was timed (kbench.grading.disturbance):
+    the host's load, the run's other builds and timings that overlapped, whether that
+    disturbed the timing, and what was done about a flag raised meanwhile."""
+
+    seconds: float  # wall seconds of its timing
+    other_busy_cores: float  # cores other processes kept busy on average (kbench.host.load)
+    load_avg: float | None  # the host's 1-minute load average at the end
+    cores: int
+    beside: list[str] = field(default_factory=list)  # builds and timings that overlapped
+    disturbed: bool = False
+    # Why it was timed again alone at the end: the flag its first timing raised while the
+    # host was disturbed ("" where it was not).
+    retimed_alone: str = ""
+    # "timing disturbed: ..." where kbench's clock could not tell, the host staying busy
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -118,6 +142,13 @@ class SubmissionResult:
     # The verdict under KernelBench's rules, for a KernelBench problem file (None for a task
     # of kbench's own format); ``status`` is the verdict under the run's ranking rules.
     kernelbench: RuleVerdict | None = None
+    timed_beside: TimedBeside | None = None  # what else ran on the host while it was timed
+    # Its speedup as KernelBench's evaluator computes it (means, its warm-up and trials),
+    # geometric mean over the timed cases; for KernelBench problem files.
+    kernelbench_speedup: float | None = None
+    # Seconds of its timing stage by part (rounds, reference, fresh, verify, clock,
+    # kernelbench): what timing costs, and where (bench/real_batch.py sums them).
+    timing_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -128,10 +159,11 @@ class SubmissionResult:
 
     @classmethod
     def from_dict(cls, data: dict) -> SubmissionResult:
-        kb = data.get("kernelbench")
+        kb, beside = data.get("kernelbench"), data.get("timed_beside")
         return cls(**{**data, "status": Status(data["status"]), "benchmarks": [
             Benchmark.from_dict(b) for b in data.get("benchmarks", [])],
-            "kernelbench": RuleVerdict.from_dict(kb) if kb else None})
+            "kernelbench": RuleVerdict.from_dict(kb) if kb else None,
+            "timed_beside": TimedBeside(**beside) if beside else None})
 
 
 @dataclass

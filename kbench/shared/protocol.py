@@ -36,7 +36,7 @@ import torch
 
 from kbench.shared.wire import ProtocolError, build, plain, shown
 
-VERSION = 5
+VERSION = 6
 
 
 class BadSamples(ProtocolError):
@@ -197,6 +197,13 @@ class Timed:
 
 
 @dataclass(frozen=True)
+class TrialTimes:
+    """Each trial's time in ms, timed as KernelBench's evaluator times (TimeTrials)."""
+
+    ms: list[float]
+
+
+@dataclass(frozen=True)
 class Prepared:
     """Input sets are ready for a clocked pass of this many calls."""
 
@@ -282,6 +289,18 @@ class Prepare(Drawn):
 
 
 @dataclass(frozen=True)
+class TimeTrials(Drawn):
+    """One case timed as KernelBench's evaluator times it, for its speedup beside kbench's:
+    ``warmup`` calls, each followed by a synchronisation, then ``trials`` calls on the same
+    input set, each between two CUDA events (wall clock on a CPU) and synchronised after;
+    no hold, no flush, no rotation."""
+
+    answers: ClassVar[tuple[type, ...]] = (TrialTimes,)
+    warmup: int
+    trials: int
+
+
+@dataclass(frozen=True)
 class Clocked:
     answers: ClassVar[tuple[type, ...]] = (ClockedPass,)
     empty: bool  # the same loop with no call in it
@@ -317,9 +336,10 @@ class Exit:
     answers: ClassVar[tuple[type, ...]] = ()
 
 
-Request = Load | Run | Time | Prepare | Clocked | Outputs | Profile | Copy | Release | Exit
-Answer = (Failed | Loaded | Ran | Unsupported | Timed | Prepared | ClockedPass | KeptOutputs
-          | Profiled | Released)
+Request = (Load | Run | Time | TimeTrials | Prepare | Clocked | Outputs | Profile | Copy
+           | Release | Exit)
+Answer = (Failed | Loaded | Ran | Unsupported | Timed | TrialTimes | Prepared | ClockedPass
+          | KeptOutputs | Profiled | Released)
 
 REQUESTS = typing.get_args(Request)
 _KINDS = {cls.__name__: cls for cls in REQUESTS + typing.get_args(Answer)}

@@ -41,6 +41,7 @@ from kbench.shared.outputs import Unsupported, flatten
 from kbench.worker.kept import HELD_BY_A_PASS, clocked
 from kbench.worker.kernels import kernels_of
 from kbench.worker.timing import measure, rotation, set_bytes
+from kbench.worker.trials import trials
 
 _MODELS_KEPT = 2  # instances kept at once (cases of other sizes or dtypes build their own)
 
@@ -61,6 +62,7 @@ class Worker:
 
     def answer(self, request: p.Request) -> p.Answer:
         handler = {p.Load: self.load, p.Run: self.run, p.Time: self.time,
+                   p.TimeTrials: self.time_trials,
                    p.Prepare: self.prepare, p.Clocked: self.clocked, p.Outputs: self.outputs,
                    p.Profile: self.profile, p.Copy: self.copy,
                    p.Release: self.release}[type(request)]
@@ -165,6 +167,20 @@ class Worker:
             del kept
             self._free()
         return answer
+
+    def time_trials(self, r: p.TimeTrials) -> p.Answer:
+        """KernelBench's timing of one case (kbench.worker.trials), on one fresh input set."""
+        try:
+            model = self._model(r.model)
+            args = self._fresh_set(r)[0]
+            with torch.no_grad():
+                ms = trials(lambda: model(*args), self.device, r.warmup, r.trials)
+        except BaseException as exc:
+            return _error("benchmark (KernelBench's timing)", exc)
+        finally:
+            self.last_output = None
+            self._free()
+        return p.TrialTimes(ms)
 
     def prepare(self, r: p.Prepare) -> p.Answer:
         """Input sets for a ``clocked`` pass of ``calls`` calls (as many sets as the calls

@@ -1,0 +1,116 @@
+"""The re-time-alone rule. A flag from a check that host load can fool (kbench's own clock and
+the ordering check: kbench.grading.integrity.TimingFlag) raised while the host was disturbed,
+by another build or timing of kbench beside it (kbench.host.activity) or by other processes
+keeping cores busy (kbench.host.load), is not final: the submission is graded again alone once
+everything else of the run is done. There, a flag raised on a quiet host stands. Where the
+host stays disturbed, the clock cannot tell a hidden cost from preemption up to
+DISTURBED_FACTOR: the verdict is ok, with a "timing disturbed" note and the interval widened
+to what the clock saw, so that disturbance never lifts a rank (ranks and fast_p go by the
+lower bound); a clock beyond that factor still flags. Load can only make calls look slower,
+never faster, so a forged stopwatch off by more than the factor is flagged however busy the
+host."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from types import TracebackType
+
+from kbench.grading.integrity import TimingFlag
+from kbench.host import activity, load
+from kbench.results.run_record import TimedBeside, params_text
+from kbench.results.verdict import Status, Verdict
+
+# On a host that stays disturbed, kbench's clock may read up to this factor of what the
+# submission's figures explain, plus this many ms, before it flags. Measured (docs/timing.md,
+# one H200, 32 nvcc loops on every core): honest l2norm v4 and v6 read 1.66x and 1.42x; a
+# stopwatch forged to a third read 4.3x.
+DISTURBED_FACTOR = 2.0
+DISTURBED_MS = {"cuda": 0.1, "cpu": 1.0}
+_SHOWN = 8  # overlapping builds and timings named in a result; the rest counted
+
+
+class Deferred(Exception):  # noqa: N818 (not an error: the submission is graded again)
+    """A timing flag raised on a disturbed host, in a pass that is not the run's last: the
+    submission is to be graded again alone at the end."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Judge:
+    """One submission's timing: what ran beside it, and the rule applied to its flags.
+    ``final``: nothing of the run is left to run beside it (its last chance to be timed);
+    ``retimed``: why it is being timed again, if it is."""
+
+    def __init__(self, cache_dir: str, device: str, name: str, final: bool,
+                 retimed: str = "") -> None:
+        self.log = activity.Log(cache_dir)
+        self.device, self.name, self.final, self.retimed = device, name, final, retimed
+        self.notes: list[str] = []
+        self.meter: load.Meter | None = None
+        self.span: activity.Span | None = None
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> Judge:
+        self.span = self._stack.enter_context(self.log.record("timing", self.name))
+        self.meter = load.Meter()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._stack.close()
+
+    def checked(self, check: Callable[[], None]) -> None:
+        """Run one check; a TimingFlag it raises is judged by the rule."""
+        try:
+            check()
+        except TimingFlag as flag:
+            self._decide(flag)
+
+    def record(self) -> TimedBeside:
+        reading, beside = self.meter.read(), self._beside()
+        return TimedBeside(seconds=round(reading.seconds, 2),
+                           other_busy_cores=round(reading.other_busy_cores, 2),
+                           load_avg=reading.load_avg, cores=reading.cores,
+                           beside=_named(beside), disturbed=reading.disturbed or bool(beside),
+                           retimed_alone=self.retimed, notes=list(self.notes))
+
+    def _beside(self) -> list[activity.Span]:
+        return self.log.beside(self.span) if self.span is not None else []
+
+    def _decide(self, flag: TimingFlag) -> None:
+        reading = self.meter.read()
+        # In the last pass the run is alone by construction; the log, which a submission's
+        # process could write to, is not asked there.
+        beside = [] if self.final else self._beside()
+        if not reading.disturbed and not beside:
+            raise flag
+        why = reading.text() + (f"; beside it: {', '.join(_named(beside))}" if beside else "")
+        if not self.final:
+            raise Deferred(f"{flag.verdict.reason} (while {why})")
+        if flag.check == "clock" and flag.seen_ms > \
+                DISTURBED_FACTOR * flag.explained_ms + DISTURBED_MS[self.device]:
+            raise TimingFlag(Verdict(Status.FLAGGED, f"{flag.verdict.reason}; timed alone at "
+                                     f"the end with the host still disturbed ({why}), beyond "
+                                     f"the {DISTURBED_FACTOR:g}x such a host is allowed"),
+                             flag.check, flag.bench, flag.seen_ms, flag.explained_ms)
+        self._tolerate(flag, why)
+
+    def _tolerate(self, flag: TimingFlag, why: str) -> None:
+        """ok, said so, and the call's interval widened to what the check saw."""
+        bench, size = flag.bench, params_text(flag.bench.params)
+        widened = ""
+        if flag.seen_ms is not None and bench.candidate is not None:
+            bench.candidate.ci[1] = max(bench.candidate.ci[1], flag.seen_ms)
+            widened = f"; its interval is widened to {flag.seen_ms:.4g} ms, what the clock saw"
+        self.notes.append(f"timing disturbed at {size}: {flag.check} check could not tell, "
+                          f"the host staying busy when it was timed alone at the end ({why}); "
+                          f"it said: {flag.verdict.reason}{widened}")
+
+
+def _named(spans: list[activity.Span]) -> list[str]:
+    names = list(dict.fromkeys(s.text() for s in spans))
+    return names[:_SHOWN] + ([f"and {len(names) - _SHOWN} more"] if len(names) > _SHOWN
+                             else [])

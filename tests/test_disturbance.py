@@ -1,0 +1,175 @@
+"""The re-time-alone rule (kbench.grading.disturbance) and what it reads: the host's load
+(kbench.host.load) and the log of builds and timings beside a timing (kbench.host.activity)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import FIXTURES, ROOT, by_name, grade, quick_task
+
+from kbench.grading import disturbance
+from kbench.grading.disturbance import Deferred, Judge
+from kbench.grading.integrity import TimingFlag
+from kbench.host import activity, load
+from kbench.results.run_record import Benchmark, Measurement
+from kbench.results.verdict import Status, Verdict
+
+QUIET = load.Reading(seconds=2.0, other_busy_cores=0.0, load_avg=0.1, cores=16)
+BUSY = load.Reading(seconds=2.0, other_busy_cores=15.0, load_avg=30.0, cores=16)
+
+
+def judge(tmp_path, monkeypatch, reading: load.Reading, final: bool) -> Judge:
+    class Fixed:
+        def read(self) -> load.Reading:
+            return reading
+
+    monkeypatch.setattr(load, "Meter", Fixed)
+    return Judge(str(tmp_path), "cuda", "l2norm/l2norm_v4", final=final)
+
+
+def clock_flag(seen: float, explained: float = 0.2) -> TimingFlag:
+    bench = Benchmark(params={"rows": 4096, "cols": 16384}, dtype="float32",
+                      candidate=Measurement(ms=0.15, ci=[0.149, 0.151], samples=100))
+    return TimingFlag(Verdict(Status.FLAGGED, "kbench's own clock took more"), "clock", bench,
+                      seen, explained)
+
+
+def raising(flag: TimingFlag):
+    def check() -> None:
+        raise flag
+    return check
+
+
+def test_a_flag_on_a_quiet_host_stands_in_any_pass(tmp_path, monkeypatch):
+    for final in (False, True):
+        with judge(tmp_path, monkeypatch, QUIET, final) as j, \
+                pytest.raises(TimingFlag, match="own clock"):
+            j.checked(raising(clock_flag(0.3)))
+
+
+def test_a_flag_on_a_busy_host_is_deferred_until_the_last_pass(tmp_path, monkeypatch):
+    with judge(tmp_path, monkeypatch, BUSY, final=False) as j, \
+            pytest.raises(Deferred, match=r"15.0 of 16 cores busy"):
+        j.checked(raising(clock_flag(0.3)))
+
+
+def test_alone_and_still_disturbed_the_clock_within_its_factor_is_ok_with_wide_interval(
+        tmp_path, monkeypatch):
+    flag = clock_flag(0.32)  # 1.6x of 0.2 explained: what honest v4 read under load
+    with judge(tmp_path, monkeypatch, BUSY, final=True) as j:
+        j.checked(raising(flag))
+        record = j.record()
+    assert flag.bench.candidate.ci == [0.149, 0.32]  # the speedup's lower bound follows it
+    assert record.disturbed and record.notes and record.notes[0].startswith("timing disturbed")
+    assert "could not tell" in record.notes[0]
+
+
+def test_alone_and_still_disturbed_a_clock_beyond_its_factor_is_flagged(tmp_path, monkeypatch):
+    seen = disturbance.DISTURBED_FACTOR * 0.2 + disturbance.DISTURBED_MS["cuda"] + 0.01
+    with judge(tmp_path, monkeypatch, BUSY, final=True) as j, \
+            pytest.raises(TimingFlag, match="beyond the 2x"):
+        j.checked(raising(clock_flag(seen)))
+
+
+def test_the_ordering_check_on_a_host_that_stays_busy_is_a_note(tmp_path, monkeypatch):
+    flag = TimingFlag(Verdict(Status.FLAGGED, "the device stayed busy 3.06 ms"), "ordering",
+                      clock_flag(0.0).bench)
+    with judge(tmp_path, monkeypatch, BUSY, final=True) as j:
+        j.checked(raising(flag))
+        assert "ordering check could not tell" in j.record().notes[0]
+
+
+def test_a_build_beside_defers_but_the_log_is_not_asked_in_the_last_pass(tmp_path,
+                                                                         monkeypatch):
+    log = activity.Log(tmp_path)
+    with log.record("build", "level1/19_ReLU/sample_3"):
+        with judge(tmp_path, monkeypatch, QUIET, final=False) as j, \
+                pytest.raises(Deferred, match="build of level1/19_ReLU/sample_3"):
+            j.checked(raising(clock_flag(0.3)))
+        # A submission's process could write that log: alone at the end, it excuses nothing.
+        with judge(tmp_path, monkeypatch, QUIET, final=True) as j, \
+                pytest.raises(TimingFlag):
+            j.checked(raising(clock_flag(0.3)))
+        assert j.record().beside == ["build of level1/19_ReLU/sample_3"]
+
+
+def test_the_log_gives_overlapping_spans_of_other_kinds_and_processes(tmp_path):
+    log = activity.Log(tmp_path)
+    with log.record("build", "a"):
+        pass
+    time.sleep(0.01)
+    with log.record("timing", "mine") as mine, log.record("build", "b"):
+        with log.record("timing", "reference"):  # this process's own: part of the same
+            beside = log.beside(mine)
+    assert [s.name for s in beside] == ["b"] and beside[0].end is None
+    (tmp_path / activity.FOLDER / "garbage.jsonl").write_text("not json\n")
+    (tmp_path / activity.FOLDER / "123.jsonl").write_text('{"kind": 1}\nnot json\n')
+    assert sorted(s.name for s in log.spans()) == ["a", "b", "mine", "reference"]
+
+
+_METER = ("import sys, time; sys.path.insert(0, sys.argv[1]); from kbench.host.load import "
+          "Meter; m = Meter(); time.sleep(1.5); r = m.read(); "
+          "print(r.other_busy_cores, r.disturbed)")
+
+
+def test_busy_loops_on_every_core_disturb_the_host_but_its_own_processes_do_not():
+    cores = os.cpu_count() or 1
+    spin = [sys.executable, "-c", "while True: pass"]
+    loops = [subprocess.Popen(spin) for _ in range(2 * cores)]
+    try:
+        time.sleep(0.3)
+        # The same stretch measured from another process, where the loops are not its own,
+        # and here, where they are this process's children: not "others".
+        outside = subprocess.Popen([sys.executable, "-c", _METER, str(ROOT)], text=True,
+                                   stdout=subprocess.PIPE)
+        meter, before = load.Meter(), _cpu(loops)
+        time.sleep(1.5)
+        mine, spent = meter.read(), _cpu(loops) - before
+        out = outside.communicate()[0].split()
+    finally:
+        for proc in loops:
+            proc.kill()
+            proc.wait()
+    assert out[1] == "True" and float(out[0]) >= min(cores, 2) * 0.8, out
+    # Whatever else shares this machine, what the loops got is not counted as others' here.
+    assert float(out[0]) - mine.other_busy_cores >= 0.7 * spent / mine.seconds, (out, mine)
+
+
+def _cpu(procs: list[subprocess.Popen]) -> float:
+    import psutil
+
+    return sum(sum(psutil.Process(p.pid).cpu_times()[:2]) for p in procs)
+
+
+def test_under_busy_loops_on_every_core_the_honest_is_ok_and_the_forged_flagged(
+        tmp_path, cache_dir):
+    # 32 MiB a tensor: some 10 ms a call, so a stopwatch forged to a third reads 3x on
+    # kbench's clock, beyond what even a host that stays busy is allowed (2x).
+    task = quick_task(tmp_path, **{"benchmarks.cpu": [[2048, 4096]]})
+    cores = os.cpu_count() or 1
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(cores)]
+    try:
+        code, results = grade([str(FIXTURES / "cpu_timing" / "l2norm_tampers_stopwatch.py"),
+                               str(FIXTURES / "cpu" / "l2norm_torch_ok.py"), "--task",
+                               str(task), "--device", "cpu"], tmp_path / "out", cache_dir)
+    finally:
+        for proc in loops:
+            proc.kill()
+            proc.wait()
+    subs = by_name(results)
+    forged, honest = subs["l2norm_tampers_stopwatch"], subs["l2norm_torch_ok"]
+    assert code == 0 and honest["status"] == "ok" and honest["speedup"] > 0, honest["reason"]
+    assert forged["status"] == "flagged" and "kbench's own clock" in forged["reason"], \
+        forged["reason"]
+    for sub in (forged, honest):  # the loops were seen, and are in the record
+        beside = sub["timed_beside"]
+        assert beside["disturbed"] and beside["other_busy_cores"] >= 1.0, beside
+    # Its first flag was raised on a busy host: it was timed again alone, and stood.
+    assert "kbench's own clock" in forged["timed_beside"]["retimed_alone"]
+    assert "beyond the 2x" in forged["reason"]
+    assert set(honest["timing_s"]) >= {"rounds", "reference", "verify", "clock"}
