@@ -3,11 +3,12 @@ kbench.host.toolchain's; the first compiler error of a log, kbench.results.verdi
 
 A submission's extensions are built in a folder keyed by its code and everything that changes
 the binary (torch, CUDA, target architectures, Python), so an unchanged file is never
-recompiled. Files with the same code (the same syntax tree: comments and layout aside) share
-one folder, so their extensions are built once (each still loads in its own processes): the
-same code makes the same ``load_inline`` calls. Not where the code reads what differs between
-two files or two runs (its own path, the environment, the clock, randomness, a file, names
-looked up at run time): such a file keeps a folder of its own, keyed by its bytes and path.
+recompiled. Files with the same code (the same syntax tree: comments, docstrings and layout
+aside) share one folder, so their extensions are built once (each still loads in its own
+processes): the same code makes the same ``load_inline`` calls. Not where the code reads what
+differs between two files or two runs (its own path, the environment, the clock, randomness, a
+file, names looked up at run time): such a file keeps a folder of its own, keyed by its bytes
+and path.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ if TYPE_CHECKING:
 
 # Names through which two files of the same code could pass different inputs to load_inline.
 _DIFFERS = frozenset({
-    "__file__", "__name__", "__spec__", "__loader__", "__path__", "__cached__", "__builtins__",
-    "__import__", "__dict__", "inspect", "importlib", "sys", "environ", "getenv", "argv",
+    "__file__", "__doc__", "__name__", "__spec__", "__loader__", "__path__", "__cached__",
+    "__builtins__", "__import__", "__dict__", "inspect", "importlib", "sys", "environ", "getenv",
+    "argv",
     "random", "uuid", "secrets", "time", "datetime", "getpid", "globals", "locals", "vars",
     "eval", "exec", "compile", "getattr", "open", "Path", "tempfile", "socket", "pathlib",
     "os", "subprocess", "ctypes"})
@@ -47,6 +49,10 @@ def share_key(source: Path) -> bytes:
               for a in n.names for part in (a.name.split(".") + [getattr(n, "module", "")])}
     if names & _DIFFERS:
         return str(source.resolve()).encode() + b"\0" + text
+    for node in ast.walk(tree):  # docstrings: nothing reads them (no __doc__ above)
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and _is_docstring(body[0]):
+            node.body = body[1:] or [ast.Pass()]
     return b"ast\0" + ast.dump(tree).encode()
 
 
@@ -60,3 +66,8 @@ def build_dir(cache_dir: Path, source: Path, toolchain: Toolchain) -> Path:
                  *toolchain.extra_includes):
         digest.update(b"\0" + part.encode())
     return cache_dir / "extensions" / f"build-{digest.hexdigest()[:16]}"
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+        and isinstance(node.value.value, str)
