@@ -26,7 +26,11 @@ def test_build_dir_is_content_addressed(tmp_path):
     tools = Toolchain(cuda_home=None, nvcc_version=None, arch_list="9.0")
     cache = tmp_path / "cache"
     assert build_dir(cache, a, tools) == build_dir(cache, a, tools)
-    assert build_dir(cache, a, tools) != build_dir(cache, b, tools)  # names never share
+    b.write_text("# the same code\nx = (1)\n")
+    assert build_dir(cache, a, tools) == build_dir(cache, b, tools)  # one build for both
+    b.write_text("x = 1 if __file__ else 2\n")  # the same code could differ per file
+    assert build_dir(cache, a, tools) != build_dir(cache, b, tools)
+    assert build_dir(cache, b, tools) != build_dir(cache, b.rename(tmp_path / "c.py"), tools)
     other_arch = Toolchain(cuda_home=None, nvcc_version=None, arch_list="8.0")
     assert build_dir(cache, a, tools) != build_dir(cache, a, other_arch)
     before = build_dir(cache, a, tools)

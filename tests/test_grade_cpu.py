@@ -5,6 +5,9 @@ import sys
 import pytest
 from conftest import FIXTURES, by_name, grade, quick_task
 
+from kbench.host.build_dirs import build_dir
+from kbench.host.toolchain import find_toolchain
+
 EXPECTED = {
     "l2norm_torch_ok": "ok",
     "l2norm_cpp_ok": "ok",
@@ -166,7 +169,8 @@ def test_grader_never_imported_a_submission(run):
 
 def test_unchanged_file_is_not_rebuilt(run, tmp_path, cache_dir):
     _, _, _, task = run
-    libs = {p: p.stat().st_mtime_ns for p in cache_dir.glob("extensions/l2norm_cpp_ok-*/**/*.so")}
+    folder = build_dir(cache_dir, FIXTURES / "cpu" / "l2norm_cpp_ok.py", find_toolchain())
+    libs = {p: p.stat().st_mtime_ns for p in folder.glob("**/*.so")}
     assert libs, "the first run should have built l2norm_cpp_ok"
     code, again = grade([str(FIXTURES / "cpu" / "l2norm_cpp_ok.py"), "--task", str(task),
                          "--case", "0"], tmp_path, cache_dir)

@@ -80,7 +80,7 @@ def _owned_by(pid: int) -> list[psutil.Process]:
 
 
 def _build_folder(cache: Path) -> Path:
-    (folder,) = (cache / "extensions").glob("l2norm_cpp_ok-*/l2norm_cpp")
+    (folder,) = (cache / "extensions").glob("*/l2norm_cpp")
     return folder
 
 

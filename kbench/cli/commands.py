@@ -96,6 +96,10 @@ def _grade_parser(sub) -> None:
                        help="count degenerate problems (output of rounding noise, constant, or "
                        "independent of its inputs or weights: graded all the same) in fast_p "
                        "and the geometric mean; by default they are counted apart")
+    grade.add_argument("--pch", action="store_true", help="build the C++ side of load_inline "
+                       "with kbench's own precompiled torch header (the same binaries, less "
+                       "compiler time where several submissions share flags; off by default "
+                       "until measured on real CUDA batches: docs/scaling.md)")
     grade.add_argument("--resume", action="store_true", help="finish the newest interrupted "
                        "run of this task in --out: same seed and options, only what is missing")
     grade.add_argument("--force", action="store_true", help="grade again even files whose "

@@ -146,7 +146,8 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
                           require_custom_kernels=settings.get("require_custom_kernels", False),
                           rules=settings.get("rules", "kbench"), atol=settings.get("atol"),
                           rtol=settings.get("rtol"),
-                          include_degenerate=settings.get("include_degenerate", False))
+                          include_degenerate=settings.get("include_degenerate", False),
+                          pch=args.pch)
     except OptionsError as exc:
         return fail(str(exc))
     resuming = f", resuming run {run_id}" if run_id else ""

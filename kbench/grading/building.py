@@ -16,7 +16,7 @@ import psutil
 
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
-from kbench.host import backends, build_lock
+from kbench.host import backends, build_lock, pch
 from kbench.host.build_dirs import build_dir
 from kbench.problems.discovery import Submission
 from kbench.results.verdict import Status, Verdict
@@ -55,7 +55,8 @@ def env(ctx: Context, sub: Submission, cores: int | None = None) -> dict[str, st
     os.utime(path)
     cores = cores or ctx.options.cores or psutil.cpu_count() or 1
     backend = backends.for_source(sub.path.read_text(errors="replace"))
-    return child_env(backend.env(ctx.toolchain, path, cores))
+    compiler = pch.env(ctx.options.cache_dir, ctx.toolchain) if ctx.options.pch else {}
+    return child_env({**backend.env(ctx.toolchain, path, cores), **compiler})
 
 
 def warm(ctx: Context, sub: Submission) -> Built:

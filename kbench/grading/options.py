@@ -83,6 +83,7 @@ class Options:
     atol: float | None = None
     rtol: float | None = None
     include_degenerate: bool = False  # degenerate problems count in fast_p and the geomean
+    pch: bool = False  # kbench's precompiled torch header for C++ builds (kbench.host.pch)
 
     def __post_init__(self) -> None:
         try:

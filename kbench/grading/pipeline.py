@@ -31,7 +31,7 @@ from kbench.grading.hostsplit import HostSplit
 from kbench.grading.jobs import Job
 from kbench.grading.options import Options
 from kbench.grading.watch import Watcher, tampered
-from kbench.host import activity, build_lock, interrupt
+from kbench.host import activity, build_lock, interrupt, pch
 from kbench.host.build_dirs import build_dir
 from kbench.host.toolchain import Toolchain
 from kbench.problems.load import load_task
@@ -90,6 +90,9 @@ class Pipeline:
         self.watcher.for_run([j.task for j in jobs], [j.path for j in jobs])
         files = [*self.watcher.run_files]
         self.mark.hold()
+        if self.options.pch:  # before the window opens: the headers are kbench's own files
+            self.say(pch.prepare(self.options.cache_dir, self.toolchain, _texts(jobs),
+                                 self.toolchain.env(), self.split.nice))
         self._folders = {j.path: self._folder(j) for j in jobs}
         self._window = self.watcher.watch(files, [self.options.out_dir / "logs"], builds=True)
         self._jobs = {j.path: j for j in jobs}
@@ -281,3 +284,14 @@ class Pipeline:
                 self._contexts[key] = Context.for_building(task, self.options, self.toolchain)
             except Exception:
                 self._contexts[key] = None
+
+
+def _texts(jobs: list[Job]) -> list[str]:
+    """The submissions' sources, for the flag sets of their load_inline calls (kbench.host.pch)."""
+    texts = []
+    for job in jobs:
+        try:
+            texts.append(Path(job.path).read_text(errors="replace"))
+        except OSError:
+            continue
+    return texts

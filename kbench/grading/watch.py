@@ -43,8 +43,9 @@ class Watcher:
         code = tuple(p for p in paths.PACKAGE_DIR.iterdir()
                      if p.name not in ("submissions", "__pycache__"))
         cache = options.cache_dir / "extensions"
-        self.guard = Guard(restorable=(options.out_dir, *code), cache=(cache,),
-                           shared=(options.out_dir, cache))
+        headers = options.cache_dir / "pch"  # kbench.host.pch: written before builds start
+        self.guard = Guard(restorable=(options.out_dir, *code), cache=(cache, headers),
+                           shared=(options.out_dir, cache, headers))
         self.presences = [Presence(options.cache_dir)]  # and the store's (see add_presence)
         self.run_files: dict[Path, None] = {}  # the run's problems and submissions (for_run)
         self.task_files: tuple[Path, ...] = ()  # the problem being graded (for_task)
