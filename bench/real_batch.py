@@ -319,7 +319,7 @@ def kbench_run(figures: Figures, work: Path, samples: list[Sample], options: lis
 def build_pace(times: list[float]) -> str:
     """How builds came out: the first, those in the first minute, the rate over the window
     from the start to the last (a stalled pool shows as a gap and a falling rate)."""
-    gaps = [b - a for a, b in zip([0.0, *times], times)]
+    gaps = [b - a for a, b in zip([0.0, *times], times, strict=False)]
     return (f"{len(times)} build lines, the first at {times[0]:.0f} s, "
             f"{sum(t <= 60 for t in times)} in the first 60 s, "
             f"{len(times) / max(times[-1], 1e-9):.3f} a second until the last at "

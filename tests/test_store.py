@@ -69,16 +69,37 @@ def workers_of(pid: int) -> list[psutil.Process]:
     return found
 
 
-@pytest.mark.parametrize("kill_after", [0, 1, 3])
+def _kill_while_writing(proc: subprocess.Popen, out: Path) -> None:
+    """Kill -9 the grader in the middle of a store write: the test holds the store's write
+    lock from the first result on, so the grader's write of the next result waits inside
+    its transaction (its log, renamed into place as its worker closes, says it is there)."""
+    wait_for(lambda: stored(out)[1] >= 1)
+    holder = sqlite3.connect(out / FILENAME, isolation_level=None, timeout=30)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        first = {p.name for p in (out / "logs").glob("*.run.log")}
+        wait_for(lambda: {p.name for p in (out / "logs").glob("*.run.log")} - first)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+@pytest.mark.parametrize("kill_after", [0, 1, 3, "store write"])
 def test_resume_after_kill_minus_9(tmp_path, task, cache_dir, kill_after):
     out = tmp_path / "out"
     proc = start([str(SLOW), "--task", str(task), "--seed", "99"], out, cache_dir)
     if kill_after == 0:
         wait_for(lambda: stored(out)[0] == 1)
         time.sleep(1.0)  # mid-build
+    elif kill_after == "store write":
+        _kill_while_writing(proc, out)
     else:
         wait_for(lambda: stored(out)[1] >= kill_after)
-    proc.send_signal(signal.SIGKILL)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert stored(out)[1] < len(EXPECTED)
     wait_for(lambda: not workers_of(proc.pid), timeout=30)  # its workers died with it

@@ -18,6 +18,7 @@ class Progress:
         self.stream = stream if stream is not None else sys.stdout  # as it is now, not at import
         self.counts: Counter[str] = Counter()
         self.start = time.monotonic()
+        self.first: float | None = None  # when the first result came
         self.bar = None
         self.terminal = self.stream.isatty()
 
@@ -52,8 +53,14 @@ class Progress:
         return ", ".join(f"{status} {n}" for status, n in self.counts.most_common())
 
     def _status(self, index: int, total: int) -> str:
+        """The counts, and the pace of the results since the first: what came before it
+        (builds, screening) says nothing of how fast the rest will come, and divided into
+        the first few results it once promised 351 minutes for a 6-minute remainder."""
+        now = time.monotonic()
         done = sum(self.counts.values())
-        minutes = (time.monotonic() - self.start) / 60
-        rate = done / minutes if minutes > 0 else 0.0
+        self.first = self.first if self.first is not None else now
+        minutes = (now - self.first) / 60
+        rate = (done - 1) / minutes if done >= 3 and minutes > 0 else 0.0
+        pace = f"; {rate:.1f} per min" if rate else ""
         left = f", about {(total - index) / rate:.0f} min left" if rate and index < total else ""
-        return f"so far: {self._counts()}; {rate:.1f} per min{left}"
+        return f"so far: {self._counts()}{pace}{left}"

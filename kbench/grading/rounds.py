@@ -81,9 +81,9 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
             with part("kernelbench"):
                 kernelbench_timing.time_case(ctx, channel, pool.main, i, bench)
         integrity.within_copy_bandwidth(bench, pool.copy_gbps)
-        judge.checked(lambda: integrity.ordered(bench))
+        judge.checked(lambda b=bench: integrity.ordered(b))
         with part("clock"):
-            judge.checked(lambda: integrity.trusted_clock(ctx, channel, bench))
+            judge.checked(lambda b=bench: integrity.trusted_clock(ctx, channel, b))
     measurement.add_speedups(result, reference)
     kernelbench_timing.overall(result)
 

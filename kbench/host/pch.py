@@ -204,7 +204,8 @@ def predicted_flags(wanted: list[Variant], build_env: dict[str, str]) -> dict[Va
     if done.returncode != 0:
         return {}
     found = {}
-    for variant, (cxx, cflags, post) in zip(wanted, json.loads(done.stdout.splitlines()[-1])):
+    for variant, (cxx, cflags, post) in zip(wanted, json.loads(done.stdout.splitlines()[-1]),
+                                            strict=False):
         if shlex.split(cxx) != shlex.split(os.environ.get("CXX", "c++")):
             continue
         flags = [f for f in shlex.split(cflags) + shlex.split(post)
