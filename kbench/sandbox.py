@@ -254,11 +254,11 @@ class Sandbox:
                 proc.kill()
             except psutil.Error:
                 pass
+        interrupt.drop_session(self.proc.pid)  # before it is reaped: the id is still its own
         try:
             self.proc.wait(timeout=_EXIT_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
-        interrupt.drop_session(self.proc.pid)
         if swept := proctree.sweep(self.mark, self.proc.pid, descendants=len(stray) > 1):
             with contextlib.suppress(OSError), open(self.log_path, "a") as log:
                 log.write(f"\nkbench: killed what the worker left running after it: "
@@ -314,9 +314,9 @@ class _Started:
     def discard(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        interrupt.drop_session(self.proc.pid)  # before it is reaped, as in Sandbox.kill
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=_EXIT_GRACE_S)
-        interrupt.drop_session(self.proc.pid)
         proctree.sweep(self.mark, self.proc.pid, descendants=True)
         self.conn.close()
         shutil.rmtree(self.scratch, ignore_errors=True)

@@ -39,10 +39,6 @@ def requested() -> bool:
     return _requested is not None
 
 
-def signal_number() -> int | None:
-    return _requested
-
-
 def check() -> None:
     """Raise Interrupted if the stop is marked (before starting anything new)."""
     if _requested is not None:
