@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import time
 from collections.abc import Iterator
@@ -79,6 +80,7 @@ def clear(folder: Path) -> list[str]:
     return done
 
 
+@functools.cache
 def _existence_blocks() -> bool:
     """Does this torch's build lock block on a lock file's mere existence (FileBaton, up to
     2.13), rather than on an OS lock that dies with its holder (2.14 and later, which leave
