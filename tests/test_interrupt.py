@@ -209,3 +209,24 @@ def test_a_reaped_worker_s_pid_is_never_signalled_again(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_stop_while_the_reports_are_written_keeps_the_finished_run(tmp_path, monkeypatch,
+                                                                     capsys):
+    from kbench.cli import commands, grade_command
+    from kbench.host import interrupt
+
+    def stopped(*args, **kwargs):
+        raise interrupt.Interrupted(signal.SIGINT)
+
+    monkeypatch.setattr(grade_command, "render", stopped)
+    task = quick_task(tmp_path)
+    code = commands.main(["grade", str(FIXTURES / "cpu" / "l2norm_torch_ok.py"), "--task",
+                          str(task), "--device", "cpu", "--no-timing", "--out",
+                          str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")])
+    assert code == 128 + signal.SIGINT
+    assert "is finished and stored: `kbench report --out" in capsys.readouterr().err
+    store = Store(tmp_path / "out")
+    assert store.unfinished_run("l2norm") is None  # whole: nothing for --resume to do
+    assert [r.status.value for r in store.load_run(1).submissions] == ["ok"]
+    store.close()

@@ -107,6 +107,7 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
     from kbench.cli.progress import Progress
     from kbench.grading.options import Options, OptionsError
     from kbench.grading.run import plan_digest
+    from kbench.host import interrupt
     from kbench.problems.cases import CaseError
     from kbench.results.store import StoreError
 
@@ -167,7 +168,13 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
         return fail(str(exc))
     finally:
         progress.close()
-    return render(store, run_id, out_dir, logs=True)
+    try:
+        return render(store, run_id, out_dir, logs=True)
+    except interrupt.Interrupted as stopped:  # the run is whole: only its reports are not
+        print(f"kbench: stopped while writing the reports ({stopped}); run {run_id} is "
+              f"finished and stored: `kbench report --out {shlex.quote(str(out_dir))}` writes "
+              "them", file=sys.stderr)
+        return 128 + stopped.signum
 
 
 def render(store: Store, run_id: int, out_dir: Path, logs: bool = False) -> int:
