@@ -12,7 +12,6 @@ import time
 import pytest
 from conftest import FIXTURES, ROOT, by_name, quick_task
 
-from kbench.grading import disturbance
 from kbench.grading.disturbance import Deferred, Judge
 from kbench.grading.integrity import TimingFlag
 from kbench.host import activity, load
@@ -58,21 +57,10 @@ def test_a_flag_on_a_busy_host_is_deferred_until_the_last_pass(tmp_path, monkeyp
         j.checked(raising(clock_flag(0.3)))
 
 
-def test_alone_and_still_disturbed_the_clock_within_its_factor_is_ok_with_wide_interval(
-        tmp_path, monkeypatch):
-    flag = clock_flag(0.32)  # 1.6x of 0.2 explained: what honest v4 read under load
-    with judge(tmp_path, monkeypatch, BUSY, final=True) as j:
-        j.checked(raising(flag))
-        record = j.record()
-    assert flag.bench.candidate.ci == [0.149, 0.32]  # the speedup's lower bound follows it
-    assert record.disturbed and record.notes and record.notes[0].startswith("timing disturbed")
-    assert "could not tell" in record.notes[0]
-
-
-def test_alone_and_still_disturbed_a_clock_beyond_its_factor_is_flagged(tmp_path, monkeypatch):
-    seen = disturbance.DISTURBED_FACTOR * 0.2 + disturbance.DISTURBED_MS["cuda"] + 0.01
+@pytest.mark.parametrize("seen", [0.32, 0.6])  # 1.6x of 0.2 explained (honest v4 under load), 3x
+def test_alone_and_still_disturbed_the_clock_s_flag_stands(tmp_path, monkeypatch, seen):
     with judge(tmp_path, monkeypatch, BUSY, final=True) as j, \
-            pytest.raises(TimingFlag, match="beyond the 2x"):
+            pytest.raises(TimingFlag, match="timed again alone at the end, the host still"):
         j.checked(raising(clock_flag(seen)))
 
 
@@ -178,5 +166,5 @@ def test_under_busy_loops_on_every_core_the_honest_is_ok_and_the_forged_flagged(
         assert beside["disturbed"] and beside["other_busy_cores"] >= 1.0, beside
     # Its first flag was raised on a busy host: it was timed again alone, and stood.
     assert "kbench's own clock" in forged["timed_beside"]["retimed_alone"]
-    assert "beyond the 2x" in forged["reason"]
+    assert "timed again alone at the end" in forged["reason"]
     assert set(honest["timing_s"]) >= {"rounds", "reference", "verify", "clock"}

@@ -2,13 +2,13 @@
 the ordering check: kbench.grading.integrity.TimingFlag) raised while the host was disturbed,
 by another build or timing of kbench beside it (kbench.host.activity) or by other processes
 keeping cores busy (kbench.host.load), is not final: the submission is graded again alone once
-everything else of the run is done. There, a flag raised on a quiet host stands. Where the
-host stays disturbed, the clock cannot tell a hidden cost from preemption up to
-DISTURBED_FACTOR: the verdict is ok, with a "timing disturbed" note and the interval widened
-to what the clock saw, so that disturbance never lifts a rank (ranks and fast_p go by the
-lower bound); a clock beyond that factor still flags. Load can only make calls look slower,
-never faster, so a forged stopwatch off by more than the factor is flagged however busy the
-host."""
+everything else of the run is done, so that load that passes (builds, other slots' timings)
+convicts nobody. There, the clock's flag stands, busy host or not: no allowance for load can
+be granted safely, because load inflates a forged stopwatch's own figures too (the clock takes
+its best pass, the stopwatch's figure is a median): under an allowance of 2x for a host that
+stayed busy, a stopwatch forged to a third was graded ok on a CI machine. The ordering check,
+whose side work is already charged to the call's time, becomes a note on a host that stays
+busy."""
 
 from __future__ import annotations
 
@@ -21,12 +21,6 @@ from kbench.host import activity, load
 from kbench.results.run_record import TimedBeside, params_text
 from kbench.results.verdict import Status, Verdict
 
-# On a host that stays disturbed, kbench's clock may read up to this factor of what the
-# submission's figures explain, plus this many ms, before it flags. Measured (docs/timing.md,
-# one H200, 32 nvcc loops on every core): honest l2norm v4 and v6 read 1.66x and 1.42x; a
-# stopwatch forged to a third read 4.3x.
-DISTURBED_FACTOR = 2.0
-DISTURBED_MS = {"cuda": 0.1, "cpu": 1.0}
 _SHOWN = 8  # overlapping builds and timings named in a result; the rest counted
 
 
@@ -90,11 +84,9 @@ class Judge:
         why = reading.text() + (f"; beside it: {', '.join(_named(beside))}" if beside else "")
         if not self.final:
             raise Deferred(f"{flag.verdict.reason} (while {why})")
-        if flag.check == "clock" and flag.seen_ms > \
-                DISTURBED_FACTOR * flag.explained_ms + DISTURBED_MS[self.device]:
-            raise TimingFlag(Verdict(Status.FLAGGED, f"{flag.verdict.reason}; timed alone at "
-                                     f"the end with the host still disturbed ({why}), beyond "
-                                     f"the {DISTURBED_FACTOR:g}x such a host is allowed"),
+        if flag.check == "clock":
+            raise TimingFlag(Verdict(Status.FLAGGED, f"{flag.verdict.reason}; timed again "
+                                     f"alone at the end, the host still disturbed ({why})"),
                              flag.check, flag.bench, flag.seen_ms, flag.explained_ms)
         self._tolerate(flag, why)
 
