@@ -63,6 +63,11 @@ class Judge:
         except TimingFlag as flag:
             self._decide(flag)
 
+    def disturbed(self) -> bool:
+        """Is the host disturbed so far (its load; the run's builds and timings beside, except
+        in the last pass, where the log is not asked)?"""
+        return self.meter.read().disturbed or (not self.final and bool(self._beside()))
+
     def record(self) -> TimedBeside:
         reading, beside = self.meter.read(), self._beside()
         return TimedBeside(seconds=round(reading.seconds, 2),

@@ -83,7 +83,8 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
         integrity.within_copy_bandwidth(bench, pool.copy_gbps)
         judge.checked(lambda b=bench: integrity.ordered(b))
         with part("clock"):
-            judge.checked(lambda b=bench: integrity.trusted_clock(ctx, channel, b))
+            judge.checked(lambda b=bench: integrity.trusted_clock(ctx, channel, b,
+                                                                 judge.disturbed))
     measurement.add_speedups(result, reference)
     kernelbench_timing.overall(result)
 

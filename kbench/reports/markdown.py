@@ -327,6 +327,9 @@ def _labels(sub: SubmissionResult) -> str:
     notes += [doubt] if (doubt := inconclusive(sub)) else []
     notes += [f"work left on other streams, charged: {'; '.join(side)}"] if side else []
     notes += [f"clocks slowed on {slowed} samples"] if slowed else []
+    beside = sub.timed_beside
+    notes += [f"timed on a disturbed host ({'; '.join(beside.said())})"] \
+        if beside is not None and (beside.disturbed or beside.notes) else []
     return ", ".join([*sub.flags, *notes])
 
 

@@ -97,6 +97,14 @@ class TimedBeside:
     # "timing disturbed: ..." where kbench's clock could not tell, the host staying busy
     notes: list[str] = field(default_factory=list)
 
+    def said(self) -> list[str]:
+        """What ran beside the timing, in the words the reports use."""
+        said = [f"{self.other_busy_cores:g} of {self.cores} cores busy with other work"
+                + (f", load average {self.load_avg:.2f}" if self.load_avg is not None else "")]
+        said += [f"beside: {', '.join(self.beside)}"] if self.beside else []
+        said += [f"timed again alone after: {self.retimed_alone}"] if self.retimed_alone else []
+        return said + self.notes
+
 
 @dataclass
 class RuleVerdict:
