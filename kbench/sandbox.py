@@ -357,7 +357,8 @@ def _created(pid: int) -> float:
 
 def _place(pid: int, cpus: tuple[int, ...], nice: int) -> None:
     """Keep a process (and what it starts) on ``cpus`` at ``nice``: builds run on their own
-    cores at low priority, away from the cores timing runs on (kbench.grading.hostsplit)."""
+    cores at low priority, away from the cores timing runs on
+    (kbench.grading.building.hostsplit)."""
     with contextlib.suppress(psutil.Error, OSError, ValueError):
         proc = psutil.Process(pid)
         if cpus:

@@ -1,4 +1,4 @@
-"""The re-time-alone rule (kbench.grading.disturbance) and what it reads: the host's load
+"""The re-time-alone rule (kbench.grading.timing.disturbance) and what it reads: the host's load
 (kbench.host.load) and the log of builds and timings beside a timing (kbench.host.activity)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 import pytest
 from conftest import FIXTURES, ROOT, by_name, quick_task
 
-from kbench.grading.disturbance import Deferred, Judge
-from kbench.grading.integrity import TimingFlag
+from kbench.grading.timing.disturbance import Deferred, Judge
+from kbench.grading.timing.integrity import TimingFlag
 from kbench.host import activity, load
 from kbench.results.run_record import Benchmark, Measurement
 from kbench.results.verdict import Status, Verdict

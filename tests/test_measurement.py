@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from kbench.grading import measurement
+from kbench.grading.timing import measurement
 from kbench.results.run_record import Benchmark, Measurement, SubmissionResult
 from kbench.results.verdict import Status
 from kbench.shared.protocol import BadSamples, Samples

@@ -301,7 +301,8 @@ def _ranked_table(run: RunResult, subs: list[SubmissionResult], problem: Problem
 
 
 def _share(sub: SubmissionResult) -> str:
-    """The share of GPU time in the submission's own kernels (kbench.grading.custom_kernels)."""
+    """The share of GPU time in the submission's own kernels
+    (kbench.grading.checking.custom_kernels)."""
     return f"{sub.custom_share:.0%}" if sub.custom_share is not None else "-"
 
 

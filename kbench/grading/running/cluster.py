@@ -1,5 +1,5 @@
-"""A Ray cluster: each unit (kbench.grading.units) a Ray task holding one GPU (or one CPU for
-``--device cpu``), graded there by a LocalExecutor, its events returned to this process, which
+"""A Ray cluster: each unit (kbench.grading.running.units) a Ray task holding one GPU (or one CPU
+for ``--device cpu``), graded there by a LocalExecutor, its events returned to this process, which
 alone writes the store and the reports. Ray retries a task whose worker or node was lost
 (from the start of its unit: nothing of a lost attempt reached the store); when retries run
 out, the unit's jobs get infrastructure_error, which ``--resume`` grades again.
@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from kbench.grading import units
 from kbench.grading.context import Say
-from kbench.grading.executor import LocalExecutor
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Device, Options, OptionsError
+from kbench.grading.running import units
+from kbench.grading.running.local import LocalExecutor
 
 RETRIES = 2  # Ray's own retries of a task whose worker died, before infrastructure_error
 

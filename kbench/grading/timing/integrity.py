@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 import torch
 
-from kbench.grading import measurement
 from kbench.grading.channel import Channel, Stop
-from kbench.grading.compare import compare_in_chunks
+from kbench.grading.checking.compare import compare_in_chunks
 from kbench.grading.context import Context
 from kbench.grading.options import TimingMode
+from kbench.grading.timing import measurement
 from kbench.problems.task import Params
 from kbench.results.run_record import Benchmark, params_text
 from kbench.results.verdict import Status, Verdict
@@ -54,7 +54,7 @@ _CLOCK_SLACK = {"cuda": (0.15, 0.1), "cpu": (0.5, 1.0)}
 
 class TimingFlag(Stop):
     """A flag from a check that host load can fool (kbench's own clock, the ordering check):
-    kbench.grading.disturbance decides whether it stands. ``seen_ms``: the call's time per
+    kbench.grading.timing.disturbance decides whether it stands. ``seen_ms``: the call's time per
     call as the check saw it, where that is what a disturbed timing's interval widens to;
     ``explained_ms``: what the submission's own figures explain of it."""
 
@@ -168,9 +168,10 @@ def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int) 
 
 
 def ordered(bench: Benchmark) -> None:
-    """Work a call left on other streams is charged to its figures (kbench.grading.measurement);
-    where it is a large part of the call, the output was handed back before the work writing
-    it was ordered before the caller's stream, a race for any real caller: flagged."""
+    """Work a call left on other streams is charged to its figures
+    (kbench.grading.timing.measurement); where it is a large part of the call, the output was handed
+    back before the work writing it was ordered before the caller's stream, a race for any real
+    caller: flagged."""
     side = bench.candidate.side_work_ms
     if side is not None and side > max(measurement.UNORDERED_MS,
                                        measurement.UNORDERED_SHARE * bench.candidate.ms):
