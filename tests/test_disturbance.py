@@ -172,17 +172,20 @@ def test_under_busy_loops_on_every_core_the_honest_is_ok_and_the_forged_flagged(
     assert board.count("timed on a disturbed host (") == 2, board
 
 
-def _clock(monkeypatch, passes: list[float], disturbed: bool) -> tuple[Benchmark, list[float]]:
-    """kbench's clock over passes timed as ``passes`` says (ms per call, in order), for a
-    submission whose stopwatch says 1 ms a call on a CPU; the passes left untimed."""
+def _clock(monkeypatch, passes: list[tuple[float, float]], disturbed: bool
+           ) -> tuple[Benchmark, list]:
+    """kbench's clock over passes whose round trips (without and with the calls, ms per call
+    of the pass) are ``passes`` in order, for a submission whose stopwatch says 1 ms a call on
+    a CPU; the passes left untimed."""
     from types import SimpleNamespace
 
     import torch
 
-    from kbench.grading.timing import integrity
     from kbench.grading.options import TimingMode
+    from kbench.grading.timing import integrity
     left = list(passes)
-    monkeypatch.setattr(integrity, "_clocked_pass", lambda *args: left.pop(0))
+    monkeypatch.setattr(integrity, "_clocked_pass",
+                        lambda *args: tuple(ms * 20 / 1e3 for ms in left.pop(0)))  # 20 calls
     ctx = SimpleNamespace(options=SimpleNamespace(timing=TimingMode.EAGER),
                           device=torch.device("cpu"))
     bench = Benchmark(params={"rows": 8}, dtype="float32",
@@ -196,11 +199,14 @@ def test_the_clock_times_more_passes_on_a_disturbed_host_and_a_forgery_fails_the
     # An honest 1 ms call (2.5 ms allowed on a CPU) whose first 12 passes were slowed by load:
     # on a quiet host the two usual sets decide (flagged); on a disturbed one the clock goes on
     # and the 13th pass, undisturbed, clears it.
-    slowed = [4.0] * 12 + [1.1] + [4.0] * 30
+    slowed = [(0.1, 4.0)] * 12 + [(0.1, 1.2)] + [(0.1, 4.0)] * 30
     with pytest.raises(TimingFlag, match="in 6 passes"):
         _clock(monkeypatch, slowed, disturbed=False)
     bench, left = _clock(monkeypatch, slowed, disturbed=True)
     assert bench.candidate.trusted_ms == pytest.approx(1.1) and len(left) == len(slowed) - 15
-    # A stopwatch forged to a third fails every pass, however many are timed.
+    # A stopwatch forged to a third fails every pass, however many are timed, also where load
+    # slowed the empty round trip of some passes and not their calls (3 - 2.5 = 0.5 ms a call
+    # taken pass by pass would have passed it).
+    forged = [(0.1, 3.1), (2.6, 3.1), (0.1, 3.3)] * 14
     with pytest.raises(TimingFlag, match="in 24 passes"):
-        _clock(monkeypatch, [3.0] * 40, disturbed=True)
+        _clock(monkeypatch, forged, disturbed=True)
