@@ -89,7 +89,7 @@ class RayExecutor:
         run = self.ray.put(ray_node.bundle(jobs))
         plan = units.split(jobs, self.slots, self.environment_problem, None)
         tier = _Tier(self, run, plan, sink)
-        self.say(f"building {len(jobs)} submission(s) on Ray ({BUILD_CORES} CPU(s) each, "
+        self.say(f"building {len(jobs)} submission(s) on Ray ({tier.cores} CPU(s) each, "
                  f"{tier.where}), then {len(plan)} unit(s) over {self.slots} grading slot(s)")
         for unit in plan:
             for job in unit.jobs:
@@ -101,6 +101,8 @@ class RayExecutor:
                      "builds are done")
             tier.grade(replace(plan[0], jobs=again, number=len(plan), final=True))
             tier.wait_all()
+        self.notes += [f"built on Ray node {node} ({host}): {', '.join(names)}"
+                       for (node, host), names in tier.placed.items()]
 
 
 class _Tier:
@@ -123,6 +125,7 @@ class _Tier:
         self.reports: dict[str, tuple[ray_tasks.BuildReport | None, Any]] = {}
         self.pending: dict[Any, tuple[str, Any]] = {}
         self.suspects: list[Job] = []
+        self.placed: dict[tuple[str, str], list[str]] = {}  # (node, host): what it built
         self.deliver = units.Delivery(sink, self.say)
         self.total = sum(len(u.jobs) for u in plan)
         self.graded = self.units = 0
@@ -169,6 +172,7 @@ class _Tier:
             done = building.outcome(Built.from_dict(report.built)) if report.built else \
                 f"left to its grading node ({report.note})"
             shipped = f", {report.shipped / 1e6:.1f} MB to ship" if report.shipped else ""
+            self.placed.setdefault((report.where.node, report.where.host), []).append(job.name)
             self.say(f"{job.problem}: {job.name} {done} on {report.where.host} "
                      f"(node {report.where.node[:8]}{shipped})")
         self.reports[job.path] = (report, artifact)
