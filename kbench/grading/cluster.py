@@ -21,7 +21,6 @@ from dataclasses import replace
 from typing import Any
 
 from kbench.grading import building, ray_node, ray_tasks, units
-from kbench.grading.building import Built
 from kbench.grading.context import Say
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Device, Options, OptionsError
@@ -50,7 +49,9 @@ class RayExecutor:
         self.notes: list[str] = []  # what the run's reports say about the grading itself
         if not self.ray.is_initialized():
             local = address is None and not os.environ.get("RAY_ADDRESS")
-            self.ray.init(address=address, num_cpus=cpu_slots if local else None,
+            # "local": a new instance, never one a `ray start` left on this host.
+            self.ray.init(address="local" if local else address,
+                          num_cpus=cpu_slots if local else None,
                           log_to_driver=False, include_dashboard=False if local else None)
         gpu = options.device is Device.CUDA
         offered = self.ray.cluster_resources()
@@ -169,7 +170,7 @@ class _Tier:
             ray_node.write_logs(report.logs, self.options.out_dir)
             if report.suspect:
                 self.suspects.append(job)
-            done = building.outcome(Built.from_dict(report.built)) if report.built else \
+            done = building.outcome(report.built) if report.built else \
                 f"left to its grading node ({report.note})"
             shipped = f", {report.shipped / 1e6:.1f} MB to ship" if report.shipped else ""
             self.placed.setdefault((report.where.node, report.where.host), []).append(job.name)

@@ -31,7 +31,7 @@ _NOT_HERE = (Status.SKIPPED, Status.ENVIRONMENT_ERROR)  # this node lacks what i
 @dataclass(frozen=True)
 class BuildReport:
     path: str  # the job's file, on the driver
-    built: dict | None  # Built.to_dict(); None: the grading node builds it itself
+    built: Built | None  # None: the grading node builds it itself
     where: Where
     logs: dict[str, bytes]  # its build log, by path in the output folder
     note: str = ""  # why the grading node builds it, where it does
@@ -76,8 +76,8 @@ def build(run: Bundle, job: dict, cores: int, alone: bool
 
     def report(result: Built | None, note: str = "", suspect: bool = False,
                artifact: Artifact | None = None) -> tuple[BuildReport, Artifact | None]:
-        return BuildReport(driver.path, None if result is None else result.to_dict(), where,
-                           node.logs(), note, suspect, artifact.size if artifact else 0), artifact
+        return BuildReport(driver.path, result, where, node.logs(), note, suspect,
+                           artifact.size if artifact else 0), artifact
 
     if lines and not alone:
         return report(None, "kbench's files changed while it built beside others", True)
@@ -143,7 +143,7 @@ def grade(run: Bundle, unit: dict, reports: list[BuildReport | None],
                 notes.append({"say": f"{job.problem}: {job.name}: the build from "
                                      f"{report.where.host} is not used ({why}); built here"})
                 continue
-        built[job.path] = Built.from_dict(report.built)
+        built[job.path] = report.built
     tasks, files = node.run_files()
     events: list[units.Event] = list(notes)
     units.run(replace(driver, jobs=jobs, built=built, cores=None, run_tasks=tasks,
