@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from kbench.grading.checking.screen import ProblemError, screen
 from kbench.grading.context import Context
 from kbench.grading.options import Options
-from kbench.grading.screen import ProblemError, screen
 from kbench.host.toolchain import Toolchain
 from kbench.problems.load import load_task
 

@@ -6,7 +6,7 @@ KernelBench's speedup is its reference's mean time over the sample's (eval_resul
 ``runtime``; the reference's from the entry's ``ref_runtime`` where its evaluator wrote one,
 else from a baseline file of its ``generate_baseline_time.py``: level -> problem file -> mean).
 kbench's is the median-based speedup, and beside it kbench's own KernelBench-style figure
-(``kernelbench_speedup``, kbench.grading.kernelbench_timing), which names the cause: where it
+(``kernelbench_speedup``, kbench.grading.timing.kernelbench_timing), which names the cause: where it
 agrees with KernelBench's, the methods differ; where it does not, KernelBench's own figure
 moved between the runs."""
 

@@ -1,17 +1,17 @@
-"""The entry to grading: a run (kbench.grading.run) on this machine's device
-(kbench.grading.executor.LocalExecutor), on every GPU of the host (kbench.grading.slots) or on
-a Ray cluster (kbench.grading.cluster). The stages live in kbench.grading; the map is
-docs/architecture.md."""
+"""The entry to grading: a run (kbench.grading.running.driver) on this machine's device
+(kbench.grading.running.local.LocalExecutor), on every GPU of the host
+(kbench.grading.running.slots) or on a Ray cluster (kbench.grading.running.cluster). The stages live
+in kbench.grading; the map is docs/architecture.md."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kbench.grading import run
-from kbench.grading.executor import LocalExecutor
 from kbench.grading.jobs import Executor
 from kbench.grading.options import Device, Options, OptionsError
+from kbench.grading.running import driver
+from kbench.grading.running.local import LocalExecutor
 from kbench.results.store import Store
 
 
@@ -37,11 +37,11 @@ def executor_for(options: Options, placement: Placement, say: Callable[[str], No
         raise OptionsError("several CPU slots share the host's cores, so their timings would "
                            "disturb each other: add --no-timing, or grade on one slot")
     if placement.executor == "ray":
-        from kbench.grading.cluster import RayExecutor
+        from kbench.grading.running.cluster import RayExecutor
 
         return RayExecutor(options, placement.address, say,
                            placement.cpu_slots if options.device is Device.CPU else None)
-    from kbench.grading import slots
+    from kbench.grading.running import slots
 
     chosen = slots.specs(options.device, placement.gpus, placement.cpu_slots)
     if len(chosen) == 1 and (options.device is Device.CPU or placement.gpus is None):
@@ -49,9 +49,9 @@ def executor_for(options: Options, placement: Placement, say: Callable[[str], No
     return slots.SlotsExecutor(options, chosen, say)
 
 
-def grade(label: str, plan: run.Plan, options: Options, store: Store,
+def grade(label: str, plan: driver.Plan, options: Options, store: Store,
           run_id: int | None = None, force: bool = False,
-          on_result: run.Progress = lambda r, i, n: None,
+          on_result: driver.Progress = lambda r, i, n: None,
           say: Callable[[str], None] = lambda line: None,
           placement: Placement = Placement()) -> int:
     """Grade each problem's submissions into ``store`` as run ``label``; returns the run's id.
@@ -59,4 +59,4 @@ def grade(label: str, plan: run.Plan, options: Options, store: Store,
     process grades, OptionsError for a placement that cannot be."""
     executor = executor_for(options, placement, say)
     executor.watch_store(store.presence)
-    return run.grade(label, plan, options, executor, store, run_id, force, on_result, say)
+    return driver.grade(label, plan, options, executor, store, run_id, force, on_result, say)

@@ -2,8 +2,8 @@ import math
 
 import torch
 
-from kbench.grading import compare as judge
-from kbench.grading.compare import Comparison, compare_values, needed_scale
+from kbench.grading.checking import compare as judge
+from kbench.grading.checking.compare import Comparison, compare_values, needed_scale
 from kbench.problems.task import Tolerance
 from kbench.reference import l2norm
 from kbench.shared.outputs import Unsupported, flatten
@@ -17,7 +17,7 @@ def reference(x):
 
 
 def compare(out, expected, exact, tol):
-    """kbench.grading.compare.compare on whole outputs, flattened as the worker does."""
+    """kbench.grading.checking.compare.compare on whole outputs, flattened as the worker does."""
     try:
         leaves, structure = flatten(out)
     except Unsupported as exc:

@@ -1,12 +1,13 @@
-"""The trusted side's check of one case (kbench.grading.correctness), with a stand-in context."""
+"""The trusted side's check of one case (kbench.grading.checking.correctness), with a stand-in
+context."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from kbench.grading import correctness
 from kbench.grading.channel import Stop
+from kbench.grading.checking import correctness
 from kbench.grading.context import Expected, NoExact
 from kbench.problems.cases import Case
 from kbench.problems.task import Tolerance
@@ -56,7 +57,7 @@ def test_a_float64_reference_that_does_not_fit_falls_back_to_float32_with_a_note
 
 
 def test_a_fingerprint_sees_any_write_and_nothing_else():
-    from kbench.grading.compare import fingerprint
+    from kbench.grading.checking.compare import fingerprint
 
     out = torch.randn(3, 1000)
     key = 12345

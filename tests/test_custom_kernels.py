@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kbench.grading import custom_kernels
 from kbench.grading.channel import Stop
+from kbench.grading.checking import custom_kernels
 from kbench.grading.options import Options, OptionsError
 from kbench.results.run_record import SubmissionResult
 from kbench.results.verdict import Status, Verdict

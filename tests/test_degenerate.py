@@ -146,9 +146,9 @@ def get_init_inputs():
 def test_parameters_that_no_seed_changes_do_not_make_a_problem_degenerate(tmp_path):
     # LayerNorm's weight and bias start as ones and zeros whatever the seed: the probe of
     # another seed cannot tell whether the output depends on them, so it says nothing.
+    from kbench.grading.checking.screen import screen
     from kbench.grading.context import Context
     from kbench.grading.options import Options
-    from kbench.grading.screen import screen
     from kbench.host.toolchain import Toolchain
     from kbench.problems.load import load_task
 
@@ -162,9 +162,9 @@ def test_parameters_that_no_seed_changes_do_not_make_a_problem_degenerate(tmp_pa
 
 
 def _screened(task: str, seed: int, tmp_path):
+    from kbench.grading.checking.screen import screen
     from kbench.grading.context import Context
     from kbench.grading.options import Options
-    from kbench.grading.screen import screen
     from kbench.host.toolchain import Toolchain
     from kbench.problems.load import load_task
 
@@ -184,7 +184,7 @@ def test_l2norm_whose_1x1_edge_case_is_a_sign_is_never_degenerate(seed, tmp_path
 
 
 def test_the_probes_run_on_the_largest_cases_never_an_edge_shape_alone(tmp_path):
-    from kbench.grading import degenerate
+    from kbench.grading.checking import degenerate
     from kbench.grading.context import Context
     from kbench.grading.options import Options
     from kbench.host.toolchain import Toolchain
@@ -215,7 +215,7 @@ def test_a_problem_independent_of_its_inputs_or_weights_is_marked_under_every_se
 
 def test_probes_that_disagree_across_cases_mark_nothing(tmp_path, monkeypatch):
     # An output independent of the inputs on one case only (an edge shape) is not degenerate.
-    from kbench.grading import degenerate
+    from kbench.grading.checking import degenerate
 
     real = degenerate._probe
 

@@ -1,4 +1,4 @@
-"""The re-time-alone rule (kbench.grading.disturbance) and what it reads: the host's load
+"""The re-time-alone rule (kbench.grading.timing.disturbance) and what it reads: the host's load
 (kbench.host.load) and the log of builds and timings beside a timing (kbench.host.activity)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 import pytest
 from conftest import FIXTURES, ROOT, by_name, quick_task
 
-from kbench.grading.disturbance import Deferred, Judge
-from kbench.grading.integrity import TimingFlag
+from kbench.grading.timing.disturbance import Deferred, Judge
+from kbench.grading.timing.integrity import TimingFlag
 from kbench.host import activity, load
 from kbench.results.run_record import Benchmark, Measurement
 from kbench.results.verdict import Status, Verdict
@@ -137,7 +137,7 @@ def _cpu(procs: list[subprocess.Popen]) -> float:
 def test_under_busy_loops_on_every_core_the_honest_is_ok_and_the_forged_flagged(
         tmp_path, cache_dir):
     # 32 MiB a tensor: some 10 ms a call, so a stopwatch forged to a third reads 3x on
-    # kbench's clock, beyond what even a host that stays busy is allowed (2x).
+    # kbench's clock in every pass.
     task = quick_task(tmp_path, **{"benchmarks.cpu": [[2048, 4096]]})
     cores = os.cpu_count() or 1
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -168,3 +168,39 @@ def test_under_busy_loops_on_every_core_the_honest_is_ok_and_the_forged_flagged(
     assert "kbench's own clock" in forged["timed_beside"]["retimed_alone"]
     assert "timed again alone at the end" in forged["reason"]
     assert set(honest["timing_s"]) >= {"rounds", "reference", "verify", "clock"}
+    board = (tmp_path / "out" / "leaderboard.md").read_text()  # and in the report
+    assert board.count("timed on a disturbed host (") == 2, board
+
+
+def _clock(monkeypatch, passes: list[float], disturbed: bool) -> tuple[Benchmark, list[float]]:
+    """kbench's clock over passes timed as ``passes`` says (ms per call, in order), for a
+    submission whose stopwatch says 1 ms a call on a CPU; the passes left untimed."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kbench.grading import integrity
+    from kbench.grading.options import TimingMode
+    left = list(passes)
+    monkeypatch.setattr(integrity, "_clocked_pass", lambda *args: left.pop(0))
+    ctx = SimpleNamespace(options=SimpleNamespace(timing=TimingMode.EAGER),
+                          device=torch.device("cpu"))
+    bench = Benchmark(params={"rows": 8}, dtype="float32",
+                      candidate=Measurement(ms=1.0, ci=[0.99, 1.01], samples=50))
+    integrity.trusted_clock(ctx, None, bench, lambda: disturbed)
+    return bench, left
+
+
+def test_the_clock_times_more_passes_on_a_disturbed_host_and_a_forgery_fails_them_all(
+        monkeypatch):
+    # An honest 1 ms call (2.5 ms allowed on a CPU) whose first 12 passes were slowed by load:
+    # on a quiet host the two usual sets decide (flagged); on a disturbed one the clock goes on
+    # and the 13th pass, undisturbed, clears it.
+    slowed = [4.0] * 12 + [1.1] + [4.0] * 30
+    with pytest.raises(TimingFlag, match="in 6 passes"):
+        _clock(monkeypatch, slowed, disturbed=False)
+    bench, left = _clock(monkeypatch, slowed, disturbed=True)
+    assert bench.candidate.trusted_ms == pytest.approx(1.1) and len(left) == len(slowed) - 15
+    # A stopwatch forged to a third fails every pass, however many are timed.
+    with pytest.raises(TimingFlag, match="in 24 passes"):
+        _clock(monkeypatch, [3.0] * 40, disturbed=True)

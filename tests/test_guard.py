@@ -1,9 +1,10 @@
-"""kbench.grading.guard: what a submission writes to kbench's files is found and put right."""
+"""kbench.grading.building.guard: what a submission writes to kbench's files is found and put
+right."""
 
 from pathlib import Path
 
-from kbench.grading import guard
-from kbench.grading.guard import Guard
+from kbench.grading.building import guard
+from kbench.grading.building.guard import Guard
 from kbench.results.presence import Presence
 
 
@@ -152,8 +153,8 @@ def test_a_watch_window_beside_another_kbench_process_names_it_and_the_folder(tm
     import subprocess
     import sys
 
+    from kbench.grading.building.watch import Watcher
     from kbench.grading.options import Options
-    from kbench.grading.watch import Watcher
 
     options = Options(device="cpu", out_dir=tmp_path / "out", cache_dir=tmp_path / "cache",
                       jobs=1, seed=1)

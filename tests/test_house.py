@@ -154,7 +154,7 @@ def _texts() -> list[Path]:
 
 
 def _resolves(dotted: str) -> bool:
-    """A module, or one attribute of a module (``kbench.grading.compare.fingerprint``)."""
+    """A module, or one attribute of a module (``kbench.grading.checking.compare.fingerprint``)."""
     parts = dotted.split(".")
     if parts[-1] in _FILE_SUFFIXES or dotted in MODULES or (ROOT / Path(*parts)).exists():
         return True

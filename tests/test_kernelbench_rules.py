@@ -9,7 +9,7 @@ import torch
 from conftest import FIXTURES, by_name, grade
 
 from kbench.cli import commands as cli
-from kbench.grading import causes, kernelbench_rules
+from kbench.grading.checking import causes, kernelbench_rules
 from kbench.results.verdict import Status, Verdict
 
 KB = FIXTURES / "kb_rules"
@@ -105,7 +105,7 @@ def test_a_tolerance_out_of_range_is_refused(tmp_path, capsys):
 
 def test_timed_its_speedup_as_kernelbench_computes_it_stands_beside_kbench_s(tmp_path,
                                                                            cache_dir):
-    from kbench.grading import kernelbench_timing
+    from kbench.grading.timing import kernelbench_timing
 
     out = tmp_path / "reports"
     code, results = grade([str(KB / "subs" / "gelu" / "erf.py"), "--task",

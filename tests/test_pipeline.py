@@ -1,5 +1,5 @@
-"""The host's build pipeline (kbench.grading.pipeline), the host split, the dispatch of units
-to slots as their builds come out, and workers started ahead of need. The builds here are
+"""The host's build pipeline (kbench.grading.building.pipeline), the host split, the dispatch of
+units to slots as their builds come out, and workers started ahead of need. The builds here are
 stand-ins (each records when it ran) except where a real import is the point."""
 
 import os
@@ -11,12 +11,13 @@ import pytest
 from conftest import FIXTURES
 
 from kbench import sandbox
-from kbench.grading import building, hostsplit, pipeline, units
-from kbench.grading.building import Built
-from kbench.grading.guard import BuildMark
+from kbench.grading.building import build, hostsplit, pipeline
+from kbench.grading.building.build import Built
+from kbench.grading.building.guard import BuildMark
 from kbench.grading.jobs import Job
 from kbench.grading.options import Device, Options
-from kbench.grading.slots import _Dispatch
+from kbench.grading.running import units
+from kbench.grading.running.slots import _Dispatch
 from kbench.host.toolchain import find_toolchain
 from kbench.results.verdict import Status, Verdict
 
@@ -66,7 +67,7 @@ class _Builds:
 
 def _pipeline(options: Options, builds: _Builds, monkeypatch, jobs: int | None = None,
               lines: list[str] | None = None) -> pipeline.Pipeline:
-    monkeypatch.setattr(building, "build", builds)
+    monkeypatch.setattr(build, "build", builds)
     split = hostsplit.unsplit(1, jobs or options.jobs, [0, 1, 2, 3])
     say = (lines.append if lines is not None else lambda line: None)
     return pipeline.Pipeline(options, find_toolchain(None, options.cache_dir / "toolkits"),
@@ -164,7 +165,7 @@ def test_a_build_that_breaks_kbench_still_comes_out(tmp_path, monkeypatch):
 
     def broken(ctx, sub, *rest, **kw):
         raise RuntimeError("kbench's own bug")
-    monkeypatch.setattr(building, "build", broken)
+    monkeypatch.setattr(build, "build", broken)
     split = hostsplit.unsplit(1, 1, [0])
     with pipeline.Pipeline(options, find_toolchain(None, options.cache_dir / "toolkits"), None,
                            split) as pool:
@@ -245,7 +246,7 @@ def test_a_build_that_plants_files_where_a_later_build_will_load_is_found(tmp_pa
     options = _options(tmp_path, jobs=1)
     jobs = _jobs(options, "scaled_add/honest", "scaled_add/ignores_alpha")
     toolchain = find_toolchain(None, options.cache_dir / "toolkits")
-    victim = building.build_dir(options.cache_dir, Path(jobs[1].path), toolchain)
+    victim = build.build_dir(options.cache_dir, Path(jobs[1].path), toolchain)
 
     def plant():
         victim.mkdir(parents=True, exist_ok=True)
@@ -263,7 +264,7 @@ def test_a_build_that_plants_files_where_a_later_build_will_load_is_found(tmp_pa
 def test_a_window_beside_the_pipeline_leaves_the_repair_to_it_and_counts_its_repairs(tmp_path):
     # Two windows putting files right at once could undo each other (a grading window's
     # snapshot may hold a build's doing): beside a pipeline, a grading window only reports.
-    from kbench.grading.watch import Watcher
+    from kbench.grading.building.watch import Watcher
 
     options = _options(tmp_path, jobs=1)
     watcher, pool_mark = Watcher(options), BuildMark(options.cache_dir)

@@ -113,7 +113,7 @@ def test_a_problem_too_large_for_host_memory_is_a_problem_error(tmp_path, cache_
                                                                monkeypatch):
     from types import SimpleNamespace
 
-    from kbench.grading import screen
+    from kbench.grading.checking import screen
 
     total = screen.psutil.virtual_memory().total
     monkeypatch.setattr(screen.psutil, "virtual_memory",  # 64 KiB free
@@ -173,7 +173,7 @@ def test_achieved_flops_are_set_against_the_device_peak():
 def test_cases_where_the_reference_is_rounding_noise_are_dropped_not_the_problem():
     from types import SimpleNamespace
 
-    from kbench.grading.screen import Lazy, _without_noise
+    from kbench.grading.checking.screen import Lazy, _without_noise
     from kbench.problems.cases import Case
 
     def entry(index: int, own: float):

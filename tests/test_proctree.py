@@ -72,3 +72,23 @@ def _stopped_only_while_frozen(box: sandbox.Sandbox, pid: int) -> None:
         assert proctree.stopped(pid)
     time.sleep(0.2)
     assert not proctree.stopped(pid)
+
+
+def test_frozen_leaves_kbench_s_own_children_and_other_workers_strays_running(tmp_path):
+    # Started after the worker, children of this process and in no `own` set: a compiler
+    # kbench runs itself (in kbench's session, no mark) and a stray of another worker (its
+    # mark, a session of its own). Neither is this worker's, so neither is stopped.
+    with sandbox.Sandbox(tmp_path / "w.log", sandbox.child_env({}), memory_bytes=8 << 30,
+                         log_bytes=1 << 20) as box:
+        mine = subprocess.Popen([sys.executable, "-c", _SPIN])
+        other = subprocess.Popen([sys.executable, "-c", _SPIN], start_new_session=True,
+                                 env={**sandbox.child_env({}), proctree.MARK: "another"})
+        try:
+            time.sleep(0.5)
+            assert proctree.strays(box.started, {box.proc.pid}, box.mark) == []
+            with box.frozen():
+                assert not proctree.stopped(mine.pid) and not proctree.stopped(other.pid)
+        finally:
+            for proc in (mine, other):
+                proc.kill()
+                proc.wait(5)

@@ -11,10 +11,10 @@ import psutil
 import pytest
 from conftest import FIXTURES, PROBLEM_SET_ARGS, ROOT, grade
 
-from kbench.grading import units
 from kbench.grading.jobs import Job
 from kbench.grading.options import Device, OptionsError
-from kbench.grading.slots import specs
+from kbench.grading.running import units
+from kbench.grading.running.slots import specs
 
 
 def _verdicts(results: dict) -> dict[str, tuple]:
@@ -55,8 +55,9 @@ def _graded_while_killing(pattern: str, args: list[str], out, cache_dir
 
 def test_several_slots_with_one_killed_give_the_same_verdicts(problem_set_run, tmp_path,
                                                                cache_dir):
-    results, killed, output = _graded_while_killing("kbench.grading.slots", ["--slots", "3"],
-                                                    tmp_path / "reports", cache_dir)
+    results, killed, output = _graded_while_killing("kbench.grading.running.slots",
+                                                    ["--slots", "3"], tmp_path / "reports",
+                                                    cache_dir)
     assert killed, "no slot process was seen grading"
     assert "queued again" in output
     assert _verdicts(results) == _verdicts(problem_set_run[1]), output[-4000:]
@@ -140,8 +141,8 @@ def test_a_problem_split_over_units_keeps_one_record():
 
 
 def test_slots_that_cannot_start_leave_no_job_without_a_verdict(tmp_path, monkeypatch):
-    from kbench.grading import slots
     from kbench.grading.options import Options
+    from kbench.grading.running import slots
 
     def cannot_start(slot, cpus):
         raise OSError("exec format error")
@@ -167,8 +168,8 @@ def test_slots_that_cannot_start_leave_no_job_without_a_verdict(tmp_path, monkey
 
 def test_each_unit_says_its_lines_through_its_own_emit(tmp_path, monkeypatch):
     # A Ray worker process grades many units, each returning its own list of events.
-    from kbench.grading.executor import LocalExecutor
     from kbench.grading.options import Options
+    from kbench.grading.running.local import LocalExecutor
 
     monkeypatch.setattr(LocalExecutor, "run", lambda self, jobs, *rest: self.say(jobs[0].name))
     options = Options(device="cpu", out_dir=tmp_path, cache_dir=tmp_path, jobs=1, seed=1)

@@ -83,7 +83,7 @@ def _plan(assigned: dict) -> list:
     """Each problem loaded once here (its analysis is kept for the run); a problem that
     cannot be loaded stays in the plan to be reported, unless it is the only one: then
     TaskError."""
-    from kbench.grading.run import Entry
+    from kbench.grading.running.driver import Entry
     from kbench.problems.load import load_task
     from kbench.problems.task import TaskError
 
@@ -106,7 +106,7 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
     from kbench import grader
     from kbench.cli.progress import Progress
     from kbench.grading.options import Options, OptionsError
-    from kbench.grading.run import plan_digest
+    from kbench.grading.running.driver import plan_digest
     from kbench.host import interrupt
     from kbench.problems.cases import CaseError
     from kbench.results.store import StoreError

@@ -1,5 +1,5 @@
-"""The trusted side of grading, one stage per module (docs/architecture.md has the map).
+"""The trusted side of grading (docs/architecture.md has the map).
 
-Data flows one way: options and context -> building -> correctness -> rounds (with the
-reference pool) and integrity -> slot (one submission's verdict) -> executor -> run (the store).
+Beside the options, a problem's context, a worker's channel and the jobs, four concerns import
+one way: running -> timing -> checking, running -> building.
 """

@@ -90,7 +90,7 @@ class Channel:
 
     def samples(self, params: Params, rounds: int = 1, keep: bool = False) -> protocol.Samples:
         """One round of timing of one case; the worker draws the inputs from secret seeds
-        and, with ``keep``, holds some outputs for kbench.grading.integrity.verify."""
+        and, with ``keep``, holds some outputs for kbench.grading.timing.integrity.verify."""
         ctx = self.ctx
         dtype = ctx.task.benchmark_dtype
         answer = self.call(protocol.Time(params=params, dtype=dtype,

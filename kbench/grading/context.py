@@ -29,8 +29,8 @@ _MODELS_KEPT = 2  # reference instances kept (cases of other sizes or dtypes bui
 
 
 class NoExact(Exception):
-    """The reference ran in the case's dtype but not as its float64 copy (kbench.grading.screen
-    then takes exact values from float32)."""
+    """The reference ran in the case's dtype but not as its float64 copy
+    (kbench.grading.checking.screen then takes exact values from float32)."""
 
     def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
@@ -61,8 +61,8 @@ class Context:
     say: Say
     model_seed: int  # every model instance of the run is built under it (same weights)
     notes: list[str] = field(default_factory=list)  # what screening found or decided
-    # Why the problem's output tells kernels apart poorly (kbench.grading.screen); graded all
-    # the same, and left out of fast_p and the geometric mean unless --include-degenerate.
+    # Why the problem's output tells kernels apart poorly (kbench.grading.checking.screen); graded
+    # all the same, and left out of fast_p and the geometric mean unless --include-degenerate.
     degenerate: list[str] = field(default_factory=list)
     exact_dtype: str = "float64"  # "float32" where an op of the reference has no float64
     _models: dict[str, Any] = field(default_factory=dict, repr=False)

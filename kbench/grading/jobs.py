@@ -1,9 +1,9 @@
 """Where jobs run. A job (task, problem, submission and its hash, options) is a plain value
 that can travel; an executor runs a list of them and hands back, through a Sink, each
 problem's screening and reference table and each result the moment it is known.
-kbench.grading.executor's LocalExecutor runs them on this machine's device; executors for
-several GPUs (kbench.grading.slots) or a cluster (kbench.grading.cluster) implement the same
-three methods."""
+kbench.grading.running.local's LocalExecutor runs them on this machine's device; executors for
+several GPUs (kbench.grading.running.slots) or a cluster (kbench.grading.running.cluster) implement
+the same three methods."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class Job:
     sha256: str  # of its bytes when the job was made
     options: dict  # Options.to_dict()
     # Why it is graded again alone at the end: the flag its timing raised while the host was
-    # disturbed (kbench.grading.disturbance); "" the first time.
+    # disturbed (kbench.grading.timing.disturbance); "" the first time.
     retimed: str = ""
 
     @classmethod

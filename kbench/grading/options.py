@@ -19,7 +19,7 @@ class TimingMode(str, Enum):
 
 class Rules(str, Enum):
     """Whose correctness rules decide the verdict that ranks (both are reported for
-    KernelBench problem files; kbench.grading.kernelbench_rules)."""
+    KernelBench problem files; kbench.grading.checking.kernelbench_rules)."""
 
     KBENCH = "kbench"  # many sizes and draws, float64 truth, cheat checks
     KERNELBENCH = "kernelbench"  # the problem's own sizes and seeds, allclose, 5 trials

@@ -1,7 +1,7 @@
 """What kbench processes on this host are doing: each build and each timing logged with its
 start and end, one file per process in the build cache's ``activity`` folder, so that a slot
 can say which builds and timings ran beside a submission's timing (the reports show them, and
-kbench.grading.disturbance defers a flag raised meanwhile). Bookkeeping only: a log that
+kbench.grading.timing.disturbance defers a flag raised meanwhile). Bookkeeping only: a log that
 cannot be written or read never fails a grade, and since a submission's process could write
 here too, what it says may only ever cause a timing to be repeated, never excuse one."""
 

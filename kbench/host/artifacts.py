@@ -1,4 +1,4 @@
-"""A build folder's loadable outputs as bytes that travel (kbench.grading.cluster): built on one
+"""A build folder's loadable outputs as bytes that travel (kbench.grading.running.cluster): built on one
 node, checked and unpacked into the grading node's own build folder, never a shared one.
 
 What travels is the libraries the build's ``load_inline`` calls produced, with the manifest

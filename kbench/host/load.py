@@ -1,5 +1,5 @@
 """How busy the host was over a stretch of time, kbench's own processes there left out: the
-load that can preempt a timing's host threads (kbench.grading.disturbance). Read from the
+load that can preempt a timing's host threads (kbench.grading.timing.disturbance). Read from the
 kernel's CPU counters at both ends, so a burst between two readings counts in full."""
 
 from __future__ import annotations

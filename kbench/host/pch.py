@@ -12,7 +12,7 @@ torch's, Python's and CUDA's include folders: a changed header gives a new folde
 wrapper ``kbench-g++`` and one folder per flag set, ``KEY/kbench_torch.h(.gch)``, made in a
 temporary folder and renamed into place under a lock, files read-only. Only kbench's trusted
 side writes there, before the builds start; the folder is watched like the build cache
-(kbench.grading.watch), so a build that writes there is caught and the folder deleted.
+(kbench.grading.building.watch), so a build that writes there is caught and the folder deleted.
 
 Which flag sets: those of the load_inline calls the run's submissions make with literal
 arguments (read from their source, never run), used by at least ``MIN_USES`` submissions (a

@@ -21,7 +21,7 @@ class Case:
     dtype: str
     distribution: str
     seed: int
-    # Screening (kbench.grading.screen) tightens a case's tolerance by this factor where an
+    # Screening (kbench.grading.checking.screen) tightens a case's tolerance by this factor where an
     # output a lazy kernel could return passes it.
     scale: float = 1.0
 

@@ -25,7 +25,7 @@ CPU_MAX_FLOPS = 2e8
 CPU_MAX_BYTES = 16 << 20
 # A reference slower than this on the meta device (a recurrent network unrolled op by op) is
 # not tried at other sizes: its sizes vary unchecked, a random case that breaks it is dropped
-# when the problem is screened on the device (kbench.grading.screen), and the CPU shrink
+# when the problem is screened on the device (kbench.grading.checking.screen), and the CPU shrink
 # assumes one call's work grows with the product of the sizes.
 SLOW_TRIAL_S = 1.0
 

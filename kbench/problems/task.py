@@ -67,7 +67,8 @@ class Timing:
     target_ci: float  # stop once the median's 95 % interval is this close (relative half-width)
     compile_reference: bool  # also time torch.compile of the reference, a second baseline
     # Shapes whose reference runs under this at the start take each round, on each side, in a
-    # process of its own: a process's launch path sets its own level (kbench.grading.rounds).
+    # process of its own: a process's launch path sets its own level
+    # (kbench.grading.timing.alternating).
     fresh_rounds_below_ms: float
 
     def stopwatch(self) -> dict:
@@ -107,7 +108,7 @@ class Task:
     digest: str  # sha256 of the task file and its reference: a changed task re-grades
     mode: str = "train"  # or "eval": models stay as constructed unless the task says eval
     # The tolerances are kbench's defaults, not the task's word: screening may widen them
-    # where the reference's own float arithmetic needs it (kbench.grading.screen).
+    # where the reference's own float arithmetic needs it (kbench.grading.checking.screen).
     default_tolerance: bool = False
     cpu_correctness: Correctness | None = None  # shrunk for a CPU run; None: as on CUDA
     checked_sizes: bool = False  # random sizes are tried on the meta device before use

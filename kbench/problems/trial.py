@@ -33,7 +33,7 @@ class Work:
     output_bytes: int
     # The most bytes alive at once during the call: inputs, parameters and buffers, and the
     # op outputs not yet freed (each storage once). Tensors inside an op's own kernel, and
-    # library workspaces, are not seen: kbench.grading.screen leaves room for them.
+    # library workspaces, are not seen: kbench.grading.checking.screen leaves room for them.
     peak_bytes: int = 0
 
 

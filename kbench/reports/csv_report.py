@@ -100,8 +100,4 @@ def _beside(sub: SubmissionResult) -> dict:
     t = sub.timed_beside
     if t is None:
         return {}
-    said = [f"{t.other_busy_cores:g} of {t.cores} cores busy with other work"
-            + (f", load average {t.load_avg:.2f}" if t.load_avg is not None else "")]
-    said += [f"beside: {', '.join(t.beside)}"] if t.beside else []
-    said += [f"timed again alone after: {t.retimed_alone}"] if t.retimed_alone else []
-    return {"disturbed": t.disturbed, "disturbance": "; ".join(said + t.notes)}
+    return {"disturbed": t.disturbed, "disturbance": "; ".join(t.said())}

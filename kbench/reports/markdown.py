@@ -301,7 +301,8 @@ def _ranked_table(run: RunResult, subs: list[SubmissionResult], problem: Problem
 
 
 def _share(sub: SubmissionResult) -> str:
-    """The share of GPU time in the submission's own kernels (kbench.grading.custom_kernels)."""
+    """The share of GPU time in the submission's own kernels
+    (kbench.grading.checking.custom_kernels)."""
     return f"{sub.custom_share:.0%}" if sub.custom_share is not None else "-"
 
 
@@ -327,6 +328,9 @@ def _labels(sub: SubmissionResult) -> str:
     notes += [doubt] if (doubt := inconclusive(sub)) else []
     notes += [f"work left on other streams, charged: {'; '.join(side)}"] if side else []
     notes += [f"clocks slowed on {slowed} samples"] if slowed else []
+    beside = sub.timed_beside
+    notes += [f"timed on a disturbed host ({'; '.join(beside.said())})"] \
+        if beside is not None and (beside.disturbed or beside.notes) else []
     return ", ".join([*sub.flags, *notes])
 
 

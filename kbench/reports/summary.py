@@ -51,7 +51,7 @@ class Summary:
     skipped: int = 0  # problems whose every submission was skipped
     inconclusive: list[str] = field(default_factory=list)  # correct, timing inconclusive
     # fast_p with each speedup as KernelBench's evaluator computes it (the mean of its
-    # trials, kbench.grading.kernelbench_timing); empty where no correct one has it.
+    # trials, kbench.grading.timing.kernelbench_timing); empty where no correct one has it.
     fast_kernelbench: dict[float, float] = field(default_factory=dict)
     # Seconds of timing per timed submission (the slot holds its GPU meanwhile): in all,
     # and by part (results' timing_s); None where nothing was timed.

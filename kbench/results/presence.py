@@ -1,6 +1,6 @@
 """A kbench process's mark in a folder that other kbench processes may use at the same time
 (the results store's folder, the build cache): the store holds one where it writes, the file
-guard (kbench.grading.guard) compares shared folders only where its process was alone, and
+guard (kbench.grading.building.guard) compares shared folders only where its process was alone, and
 ``kbench prune`` empties a cache only where nobody else is at work."""
 
 from __future__ import annotations

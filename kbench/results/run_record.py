@@ -38,7 +38,8 @@ class Measurement:
     slowed: int = 0  # samples read while NVML reported a slowdown (power, thermal)
     l2_reset: bool = True  # persisting L2 lines were reset before every sample (CUDA)
     exclusive_hold: bool | None = None  # CUDA: the hold filled every SM (kbench.worker.hold)
-    trusted_ms: float | None = None  # per call on kbench's own clock (kbench.grading.integrity)
+    # per call on kbench's own clock (kbench.grading.timing.integrity)
+    trusted_ms: float | None = None
 
 
 @dataclass
@@ -64,7 +65,7 @@ class Benchmark:
     skipped: str | None = None
     flops: int | None = None  # matrix-unit FLOPs of one call, counted on the reference
     nbytes: int | None = None  # the fewest bytes one call must move
-    # Timed as KernelBench's evaluator times (kbench.grading.kernelbench_timing): the mean
+    # Timed as KernelBench's evaluator times (kbench.grading.timing.kernelbench_timing): the mean
     # of its trials, the submission's and the reference's, and their ratio.
     kernelbench_ms: float | None = None
     kernelbench_reference_ms: float | None = None
@@ -81,7 +82,7 @@ class Benchmark:
 
 @dataclass
 class TimedBeside:
-    """What else ran on the host while a submission was timed (kbench.grading.disturbance):
+    """What else ran on the host while a submission was timed (kbench.grading.timing.disturbance):
     the host's load, the run's other builds and timings that overlapped, whether that
     disturbed the timing, and what was done about a flag raised meanwhile."""
 
@@ -97,10 +98,18 @@ class TimedBeside:
     # "timing disturbed: ..." where kbench's clock could not tell, the host staying busy
     notes: list[str] = field(default_factory=list)
 
+    def said(self) -> list[str]:
+        """What ran beside the timing, in the words the reports use."""
+        said = [f"{self.other_busy_cores:g} of {self.cores} cores busy with other work"
+                + (f", load average {self.load_avg:.2f}" if self.load_avg is not None else "")]
+        said += [f"beside: {', '.join(self.beside)}"] if self.beside else []
+        said += [f"timed again alone after: {self.retimed_alone}"] if self.retimed_alone else []
+        return said + self.notes
+
 
 @dataclass
 class RuleVerdict:
-    """A verdict under one set of correctness rules (kbench.grading.kernelbench_rules)."""
+    """A verdict under one set of correctness rules (kbench.grading.checking.kernelbench_rules)."""
 
     status: Status
     reason: str = ""
@@ -133,7 +142,7 @@ class SubmissionResult:
     problem: str = ""  # the task's name: l2norm, level1/19_ReLU
     backend: str = ""  # the kernel language that claimed it (kbench.host.backends): cuda, triton...
     # Of a profiled call's GPU time at the timed sizes, the share in the submission's own
-    # kernels, and the longest-running kernels (kbench.grading.custom_kernels); CUDA only.
+    # kernels, and the longest-running kernels (kbench.grading.checking.custom_kernels); CUDA only.
     custom_share: float | None = None
     kernels: list[str] = field(default_factory=list)
     # Wall seconds of each stage it reached in its grading process (load, correctness, timing,

@@ -161,7 +161,7 @@ class Store:
         lock the kernel drops even on kill -9); StoreError if another process has it, so
         two ``--resume`` of one run never grade the same submissions twice. A BSD lock
         (flock): a POSIX one would go whenever this process closed any descriptor of the file,
-        as kbench.grading.guard's snapshot does when it reads the output folder."""
+        as kbench.grading.building.guard's snapshot does when it reads the output folder."""
         if run_id in self._claims:
             return
         path = self._run_lock(run_id)

@@ -51,7 +51,7 @@ def clocked(call: Callable[[list], object], inputs: Inputs, calls: int, device: 
             ) -> dict[int, tuple[object, float | None]]:
     """``calls`` calls on ``inputs(i)``, back to back, each followed by a device-wide
     synchronisation, with no hold and no flush: the pass the trusted side times on its own
-    clock (see kbench.grading.integrity). Returns the outputs kept for verification, by
+    clock (see kbench.grading.timing.integrity). Returns the outputs kept for verification, by
     call index."""
     kept = Kept(1)
     for index in range(calls):

@@ -1,6 +1,6 @@
 """The kernels a call runs, read from torch's profiler in the submission's process; the
 trusted side sorts them into the submission's own and torch's libraries'
-(kbench.grading.custom_kernels). A submission can reach what runs here, so the figures are
+(kbench.grading.checking.custom_kernels). A submission can reach what runs here, so the figures are
 evidence for a policy, not proof (docs/security.md)."""
 
 from __future__ import annotations

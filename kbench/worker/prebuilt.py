@@ -1,4 +1,4 @@
-"""Extensions built on another machine (a Ray build node, kbench.grading.cluster): a build
+"""Extensions built on another machine (a Ray build node, kbench.grading.running.cluster): a build
 records which library each ``load_inline`` call produced, and a grading machine that was sent
 those libraries loads them for the same calls instead of compiling. torch's own check cannot
 be reused across machines: ninja's records hold the build folder's absolute paths, which

@@ -10,7 +10,7 @@ from kbench.results.verdict import Verdict
 
 class Backend:
     name = "?"
-    jit = False  # compiles at a kernel's first launch (kbench.grading.building warms it)
+    jit = False  # compiles at a kernel's first launch (kbench.grading.building.build warms it)
 
     def claims(self, source: str) -> bool:
         """Is this submission (its source text, never imported here) written for me?"""

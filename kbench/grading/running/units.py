@@ -1,7 +1,7 @@
-"""Units of work for evaluation slots (kbench.grading.slots on one host, kbench.grading.cluster
-on Ray): jobs cut into units that travel as plain data, graded where they land by a
-LocalExecutor, and their events (problems, results, lines to say) carried back to the one
-process that writes the store."""
+"""Units of work for evaluation slots (kbench.grading.running.slots on one host,
+kbench.grading.running.cluster on Ray): jobs cut into units that travel as plain data, graded where
+they land by a LocalExecutor, and their events (problems, results, lines to say) carried back to the
+one process that writes the store."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from kbench.grading.building import Built
-from kbench.grading.executor import LocalExecutor
+from kbench.grading.building.build import Built
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Options
+from kbench.grading.running.local import LocalExecutor
 from kbench.results.run_record import ProblemRun, SubmissionResult
 from kbench.results.verdict import Status
 
 # {"problem": ProblemRun dict} | {"result": SubmissionResult dict} | {"say": str}
-# | {"defer": Job dict}: graded again at the end (kbench.grading.pipeline says why)
+# | {"defer": Job dict}: graded again at the end (kbench.grading.building.pipeline says why)
 Event = dict
 Emit = Callable[[Event], None]
 
@@ -34,8 +34,8 @@ class Unit:
     # The whole run's problem and submission files: watched here too (Watcher.for_run).
     run_tasks: tuple[str, ...] = ()
     run_files: tuple[str, ...] = ()
-    # Its jobs' builds, by path, where the driver's pipeline made them (kbench.grading.slots);
-    # None: the slot builds them itself (a Ray task).
+    # Its jobs' builds, by path, where the driver's pipeline made them
+    # (kbench.grading.running.slots); None: the slot builds them itself (a Ray task).
     built: dict[str, Built] | None = None
     final: bool = False  # graded after every build: nothing is deferred again
 

@@ -1,18 +1,18 @@
 """The host's build pipeline: every submission of a run that must be built goes to one pool of
-build processes that uses the cores the host split gives builds (kbench.grading.hostsplit), in
-the order the graders will take them, and each build is handed out as soon as it is known to
+build processes that uses the cores the host split gives builds (kbench.grading.building.hostsplit),
+in the order the graders will take them, and each build is handed out as soon as it is known to
 be clean. Graders start on the first problems while the rest build, so no GPU waits for a
 build after the first ones and no build core idles while builds are left.
 
 A build runs the submission's module-level code, which may write kbench's files. The pool
 keeps one watch window open over kbench's code and the run's problems and submissions
-(kbench.grading.watch, ``builds=True``) and checks it as each build ends: a build is handed
+(kbench.grading.building.watch, ``builds=True``) and checks it as each build ends: a build is handed
 out only after a check that found nothing changed since it started. A change cannot be pinned
 on one of the builds then running, so they all become suspects: they are built again one at
 a time, each watched alone, once the pool and the grading are done (``settle``), and the one
 that changes the files again is flagged. While the pool works, grading windows elsewhere that
-see a change cannot pin it on their submission either (kbench.grading.guard.BuildMark): those
-submissions are graded again at the end, too."""
+see a change cannot pin it on their submission either (kbench.grading.building.guard.BuildMark):
+those submissions are graded again at the end, too."""
 
 from __future__ import annotations
 
@@ -23,14 +23,14 @@ import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from kbench.grading import building
-from kbench.grading.building import Built
+from kbench.grading.building import build
+from kbench.grading.building.build import Built
+from kbench.grading.building.guard import BuildMark
+from kbench.grading.building.hostsplit import HostSplit
+from kbench.grading.building.watch import Watcher, tampered
 from kbench.grading.context import Context, Say
-from kbench.grading.guard import BuildMark
-from kbench.grading.hostsplit import HostSplit
 from kbench.grading.jobs import Job
 from kbench.grading.options import Options
-from kbench.grading.watch import Watcher, tampered
 from kbench.host import activity, build_lock, interrupt, pch
 from kbench.host.build_dirs import build_dir
 from kbench.host.toolchain import Toolchain
@@ -156,13 +156,13 @@ class Pipeline:
             if ctx is None:
                 continue
             self.watcher.for_task(ctx)
-            changed = self.watcher.watch([sub.path], [ctx.logs, building.folder(ctx, sub)])
-            built = building.build(ctx, sub, self.environment_problem,
+            changed = self.watcher.watch([sub.path], [ctx.logs, build.folder(ctx, sub)])
+            built = build.build(ctx, sub, self.environment_problem,
                                    self.split.cores_per_build(), self.split.build, self.split.nice)
             if lines := changed().lines:
                 built = Built(tampered("while building", lines), built.seconds)
             settled[job.path] = built
-            self.say(f"{job.problem}: {job.name} built again alone: {building.outcome(built)}")
+            self.say(f"{job.problem}: {job.name} built again alone: {build.outcome(built)}")
         return settled
 
     def _work(self) -> None:
@@ -194,10 +194,10 @@ class Pipeline:
             if ctx is not None:
                 with activity.Log(self.options.cache_dir).record(
                         "build", f"{job.problem}/{job.name}"):  # timings beside it see it
-                    built = building.build(ctx, job.submission(), self.environment_problem,
+                    built = build.build(ctx, job.submission(), self.environment_problem,
                                            self.split.cores_per_build(), self.split.build,
                                            self.split.nice, lock_wait_s=_LOCK_WAIT_S)
-                self.say(f"{job.problem}: {job.name} {building.outcome(built)}")
+                self.say(f"{job.problem}: {job.name} {build.outcome(built)}")
         except build_lock.Busy as busy:  # another kbench process builds it: not a failure
             self.say(f"{job.problem}: {job.name}: {busy}; tried again after the others")
             out = False

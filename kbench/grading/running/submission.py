@@ -9,15 +9,17 @@ import time
 import traceback
 
 from kbench import sandbox
-from kbench.grading import building, causes, correctness, custom_kernels, rounds, weights
-from kbench.grading import kernelbench_rules as kb_rules
-from kbench.grading.building import Built
+from kbench.grading.building import build
+from kbench.grading.building.build import Built
+from kbench.grading.building.watch import Watcher, tampered
 from kbench.grading.channel import Channel, Stop
+from kbench.grading.checking import causes, correctness, custom_kernels, weights
+from kbench.grading.checking import kernelbench_rules as kb_rules
 from kbench.grading.context import Context
-from kbench.grading.disturbance import Deferred, Judge
 from kbench.grading.options import Rules
-from kbench.grading.reference_pool import ReferencePool
-from kbench.grading.watch import Watcher, tampered
+from kbench.grading.timing import alternating
+from kbench.grading.timing.disturbance import Deferred, Judge
+from kbench.grading.timing.reference_pool import ReferencePool
 from kbench.host import backends, source_scan
 from kbench.problems.discovery import Submission
 from kbench.problems.task import Params
@@ -38,7 +40,7 @@ class Slot:
                  retimed: str = "") -> SubmissionResult | None:
         """The submission's result; None where ``can_defer`` and it saw kbench's files changed
         while a build pipeline ran beside it (the change is not pinned on it), or its timing
-        raised a flag while the host was disturbed (kbench.grading.disturbance, the reason
+        raised a flag while the host was disturbed (kbench.grading.timing.disturbance, the reason
         in ``deferred``): it is graded again alone once the rest is done. ``upcoming``: the
         next submission this slot grades, whose worker starts ahead (kbench.sandbox.prestart)
         once this one's timing is over. ``retimed``: why this is such a second grading."""
@@ -54,11 +56,11 @@ class Slot:
         if not ctx.options.timed:
             self._prestart()
         verdict = built.verdict
-        changed = self.watcher.watch([sub.path], [ctx.logs, building.folder(ctx, sub)])
+        changed = self.watcher.watch([sub.path], [ctx.logs, build.folder(ctx, sub)])
         if verdict is None:
             verdict = backends.for_source(source).cannot_run(ctx.device.type, ctx.toolchain)
         if verdict is None:
-            warmed = building.warm(ctx, sub)
+            warmed = build.warm(ctx, sub)
             result.build_s = round(built.seconds + warmed.seconds, 2)
             verdict = warmed.verdict
         if verdict is None:
@@ -96,14 +98,14 @@ class Slot:
         if self.upcoming is not None:
             sub, self.upcoming = self.upcoming, None
             sandbox.prestart(self.ctx.logs / f"{sub.log_name}.run.log",
-                             building.env(self.ctx, sub), self.ctx.device.type)
+                             build.env(self.ctx, sub), self.ctx.device.type)
 
     def _run(self, sub: Submission, result: SubmissionResult,
              reference: list[Benchmark], judge: Judge) -> None:
         ctx = self.ctx
         lap = _Laps(result)
         kernelbench = _kernelbench_ranks(ctx)
-        with Channel(ctx, f"{sub.log_name}.run.log", building.env(ctx, sub)) as channel:
+        with Channel(ctx, f"{sub.log_name}.run.log", build.env(ctx, sub)) as channel:
             try:
                 loaded = channel.load(sub, instantiate=True, shared_names=kernelbench)
             except Stop as stop:
@@ -127,7 +129,7 @@ class Slot:
             if ctx.options.timed:
                 with judge:
                     try:
-                        rounds.time_submission(ctx, channel, result, reference, self.pool,
+                        alternating.time_submission(ctx, channel, result, reference, self.pool,
                                                lambda r: self._round_channel(sub, r, result),
                                                judge)
                     finally:
@@ -166,14 +168,14 @@ class Slot:
         """Another worker for the submission (KernelBench's rules, in a shared namespace)."""
         log = f"{sub.log_name}.kernelbench.log"
         result.logs.append(str(self.ctx.logs / log))
-        return Channel(self.ctx, log, building.env(self.ctx, sub))
+        return Channel(self.ctx, log, build.env(self.ctx, sub))
 
     def _round_channel(self, sub: Submission, r: int, result: SubmissionResult) -> Channel:
         """A new process for round ``r`` of the submission's launch-bound cases (see
-        kbench.grading.rounds), its instance loaded from the warm build cache."""
+        kbench.grading.timing.alternating), its instance loaded from the warm build cache."""
         log = f"{sub.log_name}.round{r + 1}.log"
         result.logs.append(str(self.ctx.logs / log))
-        channel = Channel(self.ctx, log, building.env(self.ctx, sub))
+        channel = Channel(self.ctx, log, build.env(self.ctx, sub))
         try:
             channel.load(sub, instantiate=True, stage=f"load (timing round {r + 1})")
         except BaseException:

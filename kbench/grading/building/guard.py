@@ -34,8 +34,8 @@ BUILDING_NAME = ".kbench-building"
 
 
 class BuildMark:
-    """Whether a kbench build pipeline (kbench.grading.pipeline) is at work on a build cache:
-    the pipeline holds a shared BSD lock on a file there while it has builds left, and any
+    """Whether a kbench build pipeline (kbench.grading.building.pipeline) is at work on a build
+    cache: the pipeline holds a shared BSD lock on a file there while it has builds left, and any
     process (the pipeline's own included: BSD locks belong to an open file, not a process)
     finds out by asking for an exclusive one. A change to kbench's files seen while builds ran
     beside a submission's code cannot be pinned on that submission."""

@@ -4,7 +4,7 @@ same cores would be timed late, and kbench's own clock would read the lateness a
 So on a GPU host each evaluation slot keeps a few cores of its own (its grading processes are
 pinned there: CPU affinity, inherited by every worker it starts) and builds run on the rest,
 at low priority. On the CPU device timing needs every core: nothing is split, and a timed run
-builds everything before it times anything (kbench.grading.executor)."""
+builds everything before it times anything (kbench.grading.running.local)."""
 
 from __future__ import annotations
 

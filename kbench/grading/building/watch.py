@@ -9,8 +9,8 @@ from pathlib import Path
 
 import psutil
 
+from kbench.grading.building.guard import BuildMark, Guard, Seen
 from kbench.grading.context import Context
-from kbench.grading.guard import BuildMark, Guard, Seen
 from kbench.grading.options import Options
 from kbench.host import paths
 from kbench.problems.task import TaskError
@@ -79,7 +79,7 @@ class Watcher:
         output folder, the build cache and the run's other files count only if no other
         kbench process used them at the start or at the end (their writes there cannot be
         told from a submission's), and the cache only while no build pipeline is at work
-        (kbench.grading.guard.BuildMark).
+        (kbench.grading.building.guard.BuildMark).
         ``builds``: the pipeline's own window, which never compares the store its run writes
         meanwhile; ``changed(more)`` leaves out ``more`` too (the folders builds have filled
         by then)."""

@@ -1,6 +1,6 @@
 """This machine's device as an executor (kbench.grading.jobs): every build first on the host's
-build pipeline (kbench.grading.pipeline), or the builds a slot's unit brings, then problem by
-problem, each screened and its reference timed, its submissions graded one at a time."""
+build pipeline (kbench.grading.building.pipeline), or the builds a slot's unit brings, then problem
+by problem, each screened and its reference timed, its submissions graded one at a time."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from kbench import sandbox
-from kbench.grading import building, hostsplit
-from kbench.grading.building import Built
+from kbench.grading.building import build, hostsplit
+from kbench.grading.building.build import Built
+from kbench.grading.building.pipeline import Pipeline
+from kbench.grading.building.watch import Watcher, tampered
+from kbench.grading.checking.screen import ProblemError, screen
 from kbench.grading.context import Context, Say
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Options
-from kbench.grading.pipeline import Pipeline
-from kbench.grading.reference_pool import ReferencePool
-from kbench.grading.screen import ProblemError, screen
-from kbench.grading.slot import Slot
-from kbench.grading.watch import Watcher, tampered
+from kbench.grading.running.submission import Slot
+from kbench.grading.timing.reference_pool import ReferencePool
 from kbench.host import activity, backends, doctor, environment
 from kbench.host.toolchain import find_toolchain
 from kbench.problems.cases import CaseError
@@ -40,8 +40,8 @@ class LocalExecutor:
     def __init__(self, options: Options, say: Say = lambda line: None, pin: bool = True
                  ) -> None:
         """``pin``: this process owns the host (kbench grade on one device), so timing and
-        builds get cores of their own (kbench.grading.hostsplit); not in a slot process or a
-        Ray task."""
+        builds get cores of their own (kbench.grading.building.hostsplit); not in a slot process or
+        a Ray task."""
         self.options, self.say = options, say
         self.split = hostsplit.plan(1, options.device, options.jobs) if pin else \
             hostsplit.unsplit(1, options.jobs)
@@ -58,7 +58,7 @@ class LocalExecutor:
         self.watcher.add_presence(presence)
 
     def watch_out_dir(self) -> None:
-        """The same, in a slot process (kbench.grading.units): the output folder is shared
+        """The same, in a slot process (kbench.grading.running.units): the output folder is shared
         with the driver, which writes the store, and with the other slots."""
         self.watcher.add_presence(Presence(self.options.out_dir))
 
@@ -80,8 +80,8 @@ class LocalExecutor:
     def run(self, jobs: list[Job], sink: Sink, built: dict[str, Built] | None = None,
             defer: Callable[[Job], None] | None = None) -> None:
         """Grade ``jobs``. ``built``: what the driver's pipeline built for them (a slot's
-        unit, kbench.grading.slots), and ``defer`` where a job goes whose grading saw kbench's
-        files change beside those builds (the driver grades it again at the end); without
+        unit, kbench.grading.running.slots), and ``defer`` where a job goes whose grading saw
+        kbench's files change beside those builds (the driver grades it again at the end); without
         them, a pipeline here builds the jobs first."""
         self.watcher.for_run([job.task for job in jobs], [job.path for job in jobs])
         if built is not None:
@@ -191,8 +191,8 @@ class LocalExecutor:
         for path, b in built.items():
             if b is None:
                 sub = next(j for j in jobs if j.path == path).submission()
-                changed = self.watcher.watch([sub.path], [ctx.logs, building.folder(ctx, sub)])
-                b = building.build(ctx, sub, self.environment_problem,
+                changed = self.watcher.watch([sub.path], [ctx.logs, build.folder(ctx, sub)])
+                b = build.build(ctx, sub, self.environment_problem,
                                    self.split.cores_per_build())
                 if lines := changed().lines:
                     b = Built(tampered("while building", lines), b.seconds)

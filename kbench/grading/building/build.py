@@ -1,6 +1,6 @@
 """Building one submission: imported once in its own process, which compiles its extensions
-into a build folder of its own (kbench.grading.pipeline runs many at once, watched); and, for a
-kernel language that compiles at a kernel's first launch, the warm-up that compiles it on the
+into a build folder of its own (kbench.grading.building.pipeline runs many at once, watched); and,
+for a kernel language that compiles at a kernel's first launch, the warm-up that compiles it on the
 device the slot grades on."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The re-time-alone rule. A flag from a check that host load can fool (kbench's own clock and
-the ordering check: kbench.grading.integrity.TimingFlag) raised while the host was disturbed,
+the ordering check: kbench.grading.timing.integrity.TimingFlag) raised while the host was disturbed,
 by another build or timing of kbench beside it (kbench.host.activity) or by other processes
 keeping cores busy (kbench.host.load), is not final: the submission is graded again alone once
 everything else of the run is done, so that load that passes (builds, other slots' timings)
@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Callable
 from types import TracebackType
 
-from kbench.grading.integrity import TimingFlag
+from kbench.grading.timing.integrity import TimingFlag
 from kbench.host import activity, load
 from kbench.results.run_record import TimedBeside, params_text
 from kbench.results.verdict import Status, Verdict
@@ -62,6 +62,11 @@ class Judge:
             check()
         except TimingFlag as flag:
             self._decide(flag)
+
+    def disturbed(self) -> bool:
+        """Is the host disturbed so far (its load; the run's builds and timings beside, except
+        in the last pass, where the log is not asked)?"""
+        return self.meter.read().disturbed or (not self.final and bool(self._beside()))
 
     def record(self) -> TimedBeside:
         reading, beside = self.meter.read(), self._beside()

@@ -193,7 +193,7 @@ def fingerprint(leaves: list, key: int) -> list:
     """Per leaf, its shape, dtype and bytes folded with weights drawn from the secret ``key``:
     equal for unchanged memory and, with overwhelming odds, different after any write made
     without the key. A few numbers per leaf where a copy would double the output's memory
-    (kbench.grading.correctness keeps one per case until the recheck)."""
+    (kbench.grading.checking.correctness keeps one per case until the recheck)."""
     prints = []
     for i, leaf in enumerate(leaves):
         if type(leaf) is not torch.Tensor:

@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kbench.grading import kernelbench_rules
 from kbench.grading.channel import Channel, Stop
-from kbench.grading.compare import compare, fingerprint, identical, needed_scale
+from kbench.grading.checking import kernelbench_rules
+from kbench.grading.checking.compare import compare, fingerprint, identical, needed_scale
 from kbench.grading.context import Context, NoExact
 from kbench.problems.cases import Case
 from kbench.problems.discovery import Submission
@@ -145,7 +145,7 @@ def _judge(ctx: Context, sub: Submission, case: Case, inputs: list, sent: list,
     if not outcome.ok:
         failure = ctx.failure(sub, case)
         failure.update(max_abs_err=outcome.max_abs_err, max_rel_err=outcome.max_rel_err)
-        if kernelbench_rules.applies(ctx):  # named as a cause (kbench.grading.causes)
+        if kernelbench_rules.applies(ctx):  # named as a cause (kbench.grading.checking.causes)
             failure["within_kernelbench"] = kernelbench_rules.loosest_passed(
                 out, answer.structure, expected.output, expected.structure, case.dtype)
         raise Stop(Verdict(Status.WRONG_OUTPUT, f"{case.describe()}: {outcome.reason}"),

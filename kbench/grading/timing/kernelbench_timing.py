@@ -12,7 +12,7 @@ import statistics
 
 from kbench.grading.channel import Channel
 from kbench.grading.context import Context
-from kbench.grading.reference_pool import ReferenceWorker
+from kbench.grading.timing.reference_pool import ReferenceWorker
 from kbench.results.run_record import Benchmark, SubmissionResult
 from kbench.shared import protocol
 from kbench.shared.stats import geomean

@@ -1,9 +1,9 @@
-"""Two probes screening runs on the cases that represent the problem (kbench.grading.screen):
-does the reference's output change when its inputs are drawn again with the same weights, and
-when its model is built under another seed on the same inputs? An output the case's own check
-cannot tell from the first is one a kernel could return without reading the inputs, or the
-weights. The problem is degenerate only where the probes agree on every such case: an edge
-shape alone decides nothing (the L2 norm of a 1x1 input is its sign, which a redraw keeps half
+"""Two probes screening runs on the cases that represent the problem
+(kbench.grading.checking.screen): does the reference's output change when its inputs are drawn again
+with the same weights, and when its model is built under another seed on the same inputs? An output
+the case's own check cannot tell from the first is one a kernel could return without reading the
+inputs, or the weights. The problem is degenerate only where the probes agree on every such case: an
+edge shape alone decides nothing (the L2 norm of a 1x1 input is its sign, which a redraw keeps half
 the time), so the probes run on the problem's own sizes where it has them and on its largest
 cases. Each probe costs one reference call in the case's dtype (and one model instance);
 screening has checked that the cases fit in memory."""
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kbench.grading.compare import identical, needed_scale
+from kbench.grading.checking.compare import identical, needed_scale
 from kbench.grading.context import Context, Expected
 from kbench.problems.cases import Case
 from kbench.results.run_record import params_text

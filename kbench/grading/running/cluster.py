@@ -1,9 +1,9 @@
 """A Ray cluster, in two tiers: every submission is built by a Ray task on any node with CPUs
 (restricted to nodes that offer the custom resource ``kbench_build`` where any does), and each
-unit (kbench.grading.units) is graded by a Ray task holding one GPU (one CPU for ``--device
+unit (kbench.grading.running.units) is graded by a Ray task holding one GPU (one CPU for ``--device
 cpu``; restricted to ``kbench_grade`` nodes where any offers it) once its builds are out. A
 build's libraries travel through Ray's object store to the node that grades it, which checks
-their key and hash and builds itself on any mismatch (kbench.grading.ray_tasks). The run's
+their key and hash and builds itself on any mismatch (kbench.grading.running.ray_tasks). The run's
 files travel with the tasks: every node needs kbench installed and nothing else shared. This
 process alone writes the store, the logs and the reports.
 
@@ -12,7 +12,7 @@ lost: a build anywhere that can take it, a unit from its start (nothing of a los
 reached the store); when a unit's retries run out its jobs get infrastructure_error, which
 ``--resume`` grades again, and a build's, its grading node builds it. A build that saw kbench's
 files change beside other builds, and a submission whose grading window saw one, are built
-again alone and graded in a last unit, as on one host (kbench.grading.pipeline)."""
+again alone and graded in a last unit, as on one host (kbench.grading.building.pipeline)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from kbench.grading import building, ray_node, ray_tasks, units
+from kbench.grading.building import build as building
+from kbench.grading.running import ray_node, ray_tasks, units
 from kbench.grading.context import Say
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Device, Options, OptionsError

@@ -1,4 +1,4 @@
-"""The Ray tasks of kbench.grading.cluster, as they run on a node: the grading machine
+"""The Ray tasks of kbench.grading.running.cluster, as they run on a node: the grading machine
 described, one submission built (on any node with CPUs), and one unit graded (on a GPU node)
 with the builds shipped to it, each checked before it is used (kbench.host.artifacts)."""
 
@@ -8,15 +8,16 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kbench.grading import building, units
-from kbench.grading.building import Built
+from kbench.grading.building import build as building
+from kbench.grading.building.build import Built
+from kbench.grading.building.guard import BuildMark
+from kbench.grading.building.watch import Watcher, tampered
 from kbench.grading.context import Context
-from kbench.grading.executor import LocalExecutor
-from kbench.grading.guard import BuildMark
 from kbench.grading.jobs import Job
 from kbench.grading.options import Options
-from kbench.grading.ray_node import Bundle, Node, Where
-from kbench.grading.watch import Watcher, tampered
+from kbench.grading.running import units
+from kbench.grading.running.local import LocalExecutor
+from kbench.grading.running.ray_node import Bundle, Node, Where
 from kbench.host import artifacts, paths
 from kbench.host.artifacts import Artifact
 from kbench.host.build_dirs import build_dir
@@ -95,7 +96,7 @@ def build(run: Bundle, job: dict, cores: int, alone: bool
 
 def _watched(node: Node, ctx: Context, job: Job, cores: int) -> tuple[Built, list[str]]:
     """The build, with a window over kbench's code and the run's files, as the host's pipeline
-    keeps one (kbench.grading.pipeline): the build folders of every build of this run started
+    keeps one (kbench.grading.building.pipeline): the build folders of every build of this run started
     on this node are left out (they fill them), any other change counts. Grading windows on
     this node meanwhile see builds beside them (BuildMark)."""
     sub = job.submission()

@@ -1,7 +1,7 @@
 """Every GPU of a host: one evaluation slot per device, each a process of kbench's own (trusted)
 that sees only its GPU (``CUDA_VISIBLE_DEVICES``), screens its problems, times its own
 reference workers and drift check there, and builds with its share of the host's cores. The
-driver hands out units (kbench.grading.units) as slots come free and alone writes the store.
+driver hands out units (kbench.grading.running.units) as slots come free and alone writes the store.
 
 A slot process reads one unit per line on stdin and writes one event per line on stdout,
 ending each unit with ``{"done": true}``; whatever else it prints goes to stderr."""
@@ -22,12 +22,13 @@ from dataclasses import dataclass, replace
 import psutil
 
 from kbench import sandbox
-from kbench.grading import hostsplit, units
+from kbench.grading.building import hostsplit
+from kbench.grading.building.pipeline import Pipeline
 from kbench.grading.context import Say
-from kbench.grading.executor import LocalExecutor
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Device, Options, OptionsError
-from kbench.grading.pipeline import Pipeline
+from kbench.grading.running import units
+from kbench.grading.running.local import LocalExecutor
 from kbench.host import interrupt, proctree
 
 _RETRIES = 1  # a unit whose slot died is given to a slot once more, then infrastructure_error
@@ -263,7 +264,8 @@ def _start(slot: SlotSpec, cpus: tuple[int, ...]) -> subprocess.Popen:
     env = dict(os.environ)
     if slot.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = slot.gpu
-    process = subprocess.Popen([sys.executable, "-m", "kbench.grading.slots", str(os.getpid())],
+    process = subprocess.Popen([sys.executable, "-m", "kbench.grading.running.slots",
+                                str(os.getpid())],
                                env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                bufsize=1, start_new_session=True)
     sandbox.own(process.pid)

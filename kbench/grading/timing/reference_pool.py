@@ -7,9 +7,10 @@ from __future__ import annotations
 import psutil
 import torch
 
-from kbench.grading import correctness, measurement
 from kbench.grading.channel import Channel, Stop
+from kbench.grading.checking import correctness
 from kbench.grading.context import Context
+from kbench.grading.timing import measurement
 from kbench.problems.task import Params
 from kbench.results.run_record import Benchmark, params_text
 from kbench.results.verdict import Status, Verdict
@@ -57,7 +58,7 @@ class ReferenceWorker:
             return None
 
     def trials(self, index: int, request: protocol.TimeTrials) -> list[float] | None:
-        """KernelBench's timing of benchmark ``index`` (kbench.grading.kernelbench_timing);
+        """KernelBench's timing of benchmark ``index`` (kbench.grading.timing.kernelbench_timing);
         None if the reference cannot be timed."""
         if self.skips[index] is not None:
             return None

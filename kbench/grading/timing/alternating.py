@@ -9,13 +9,13 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 
-from kbench.grading import integrity, kernelbench_timing, measurement
-from kbench.grading import kernelbench_rules as kb_rules
 from kbench.grading.channel import Channel
+from kbench.grading.checking import kernelbench_rules as kb_rules
 from kbench.grading.context import Context
-from kbench.grading.disturbance import Judge
 from kbench.grading.options import TimingMode
-from kbench.grading.reference_pool import ReferencePool, ReferenceWorker
+from kbench.grading.timing import integrity, kernelbench_timing, measurement
+from kbench.grading.timing.disturbance import Judge
+from kbench.grading.timing.reference_pool import ReferencePool, ReferenceWorker
 from kbench.results.run_record import Benchmark, SubmissionResult
 from kbench.shared.protocol import Samples
 
@@ -34,7 +34,7 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
     round by round, so that a round costs one new process per side; the first is the
     submission's own process, where kbench's clock runs later. Eager mode only: graph
     replays launch no kernel one by one. The checks that host load can fool go through
-    ``judge`` (kbench.grading.disturbance); the seconds of each part go to ``timing_s``."""
+    ``judge`` (kbench.grading.timing.disturbance); the seconds of each part go to ``timing_s``."""
     eager = ctx.options.timing is TimingMode.EAGER
     below = ctx.task.timing[ctx.device.type].fresh_rounds_below_ms if eager else 0.0
     mine: dict[int, list[Samples]] = {}  # per timed case, the submission's rounds
@@ -83,7 +83,8 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
         integrity.within_copy_bandwidth(bench, pool.copy_gbps)
         judge.checked(lambda b=bench: integrity.ordered(b))
         with part("clock"):
-            judge.checked(lambda b=bench: integrity.trusted_clock(ctx, channel, b))
+            judge.checked(lambda b=bench: integrity.trusted_clock(ctx, channel, b,
+                                                                 judge.disturbed))
     measurement.add_speedups(result, reference)
     kernelbench_timing.overall(result)
 

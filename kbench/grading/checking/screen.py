@@ -3,8 +3,8 @@ deterministic and pass its own check, and no case may be passed by what a lazy k
 returns. A problem that fails is a ProblemError (reported once; its submissions get
 task_error); what screening decides is said in the context's notes. A problem whose output
 tells kernels apart poorly (rounding noise, constant, independent of its inputs or weights) is
-still graded, and called degenerate with the reasons (kbench.grading.degenerate, whose probes
-run on the cases that represent the problem: its own sizes, its largest).
+still graded, and called degenerate with the reasons (kbench.grading.checking.degenerate, whose
+probes run on the cases that represent the problem: its own sizes, its largest).
 
 Per case, on the trusted side: the reference in the case's dtype on the case's input, the
 same again (determinism), a float64 copy (the exact values), and three lazy outputs: zeros,
@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 import psutil
 import torch
 
-from kbench.grading import degenerate as probes
-from kbench.grading.compare import needed_scale
+from kbench.grading.checking import degenerate as probes
+from kbench.grading.checking.compare import needed_scale
 from kbench.grading.context import Context, Expected, NoExact
 from kbench.problems.cases import Case
 from kbench.problems.trial import TrialError, on_meta

@@ -9,7 +9,7 @@ import re
 
 import torch
 
-from kbench.grading import kernelbench_rules
+from kbench.grading.checking import kernelbench_rules
 from kbench.grading.context import Context
 from kbench.results.run_record import SubmissionResult, params_text
 from kbench.results.verdict import Status, Verdict
