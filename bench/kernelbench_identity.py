@@ -1,61 +1,313 @@
 """Grade ModelNew = Model against every problem of a KernelBench checkout: how many problems
 kbench takes as they are. Writes one candidate per problem (the problem's own source plus
 `ModelNew = Model`) in the `<level>/<problem>/identity.py` layout outside the repository,
-runs `kbench grade` on them, and prints which problems did not pass and why.
+grades them with `kbench grade` in batches, and prints which problems did not pass and why.
 
     python bench/kernelbench_identity.py /path/to/KernelBench --levels 1 2 3 --device cpu
+    python bench/kernelbench_identity.py KB --levels 1 2 3 --device cuda --own-sizes \
+        --shards 4 --results /tmp/kbid/identity.json --deadline-s 470
 
-``--shards N`` splits the problems over N kbench runs side by side (each with its share of
-the cores), for a host with many cores; the summary covers them all.
+Batches of ``--batch`` problems go to ``--shards`` kbench runs side by side, each on its own
+share of the cores (its grading pinned there by kbench's host split). On a GPU a batch starts
+only where its problems' device memory, as kbench's screening estimates it (three times the
+reference's peak on the meta device: float32 and float64), fits beside the batches running;
+the largest go first. A problem that failed on a resource (memory, a CUDA error, a timeout, a
+crash) while other batches ran is graded again alone at the end. Every verdict is kept in
+``--results``: run again with the same file and only what is missing is graded, so
+``--deadline-s`` (no batch starts that would not end by then; running ones are stopped at it)
+lets several device calls finish a long set.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
+# A batch's time, for --deadline-s: kbench's start and the batch's builds, then each problem
+# (on an H200, one kbench run took 12-14 s a problem: docs/evidence/h200x2-2026-11-26-kernelbench).
+_BATCH_S, _PROBLEM_S = 40.0, 15.0
+_GPU_SHARE = 0.9  # of the device's memory, for the estimates of the batches running at once
+_STOP_WAIT_S = 30.0  # a kbench run told to stop (SIGTERM) writes its reports meanwhile
+# Failures another batch on the same GPU or cores can cause: graded again alone.
+_RESOURCE = {"out_of_memory", "cuda_error", "timeout", "crashed", "internal_error",
+             "infrastructure_error"}
+_RESOURCE_WORDS = ("out of memory", "GiB of device memory", "CUDA", "CUBLAS", "CUDNN",
+                   "timed out", "not enough memory")
 
-def write_candidates(problems: Path, levels: list[int], folder: Path, only: list[str],
-                     shards: int) -> int:
-    """One identity candidate per problem, problem k under shard k mod ``shards``."""
-    count = 0
+
+@dataclass
+class Batch:
+    number: int
+    problems: list[str]
+    need_gib: float  # the largest estimate among its problems
+    alone: bool = True  # no other batch ran beside it
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    cores: list[int] = field(default_factory=list)
+    log: Path | None = None
+    read: int = 0  # bytes of its log already scanned for progress lines
+
+
+def list_problems(root: Path, levels: list[int], only: list[str]) -> dict[str, Path]:
+    """``level1/19_ReLU`` -> its file, for the levels asked (``only``: names holding a word)."""
+    found = {}
     for level in levels:
-        for problem in sorted((problems / f"level{level}").glob("*.py")):
-            if only and not any(word in problem.stem for word in only):
+        for path in sorted((root / f"level{level}").glob("*.py")):
+            if not only or any(word in path.stem for word in only):
+                found[f"level{level}/{path.stem}"] = path
+    return found
+
+
+def _need(path: str) -> float | None:
+    """GiB kbench's screening counts for the reference at the file's own sizes, or None."""
+    try:
+        from kbench.problems.trial import on_meta
+        from kbench.shared import inputs
+
+        module = inputs.load_file(path, f"kbid_{abs(hash(path))}")
+        return 3 * on_meta(module, inputs.own_sizes(module)).peak_bytes / 2**30
+    except Exception:  # the reference's own failure shows when it is graded
+        return None
+
+
+def estimate_needs(paths: dict[str, Path], known: dict[str, float | None]) -> None:
+    """Fill ``known`` with each problem's estimate, on every core at once."""
+    todo = [name for name in paths if name not in known]
+    if not todo:
+        return
+    start = time.monotonic()
+    with multiprocessing.get_context("spawn").Pool(min(len(todo), os.cpu_count() or 1)) as pool:
+        for name, need in zip(todo, pool.map(_need, [str(paths[n]) for n in todo], chunksize=1)):
+            known[name] = need
+    print(f"memory estimates of {len(todo)} problem(s) in {time.monotonic() - start:.0f} s",
+          flush=True)
+
+
+def gpu_gib() -> float | None:
+    """The first visible GPU's memory (nvidia-smi), or None."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total",
+                              "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=60, check=True).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    index = int(visible) if visible.isdigit() and int(visible) < len(out) else 0
+    return float(out[index]) / 1024 if out else None
+
+
+def needs_alone(record: dict) -> bool:
+    """A failure that another batch beside it could have caused, not yet seen alone."""
+    if record["status"] == "ok" or record.get("alone"):
+        return False
+    text = f"{record.get('reason', '')} {record.get('error') or ''}"
+    return record["status"] in _RESOURCE or any(w.lower() in text.lower()
+                                                for w in _RESOURCE_WORDS)
+
+
+def write_batch(batch: Batch, paths: dict[str, Path], folder: Path) -> Path:
+    """The batch's identity candidates under ``folder``."""
+    subs = folder / f"b{batch.number:03d}"
+    for name in batch.problems:
+        target = subs / name / "identity.py"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(paths[name].read_text() + "\n\nModelNew = Model\n")
+    return subs
+
+
+def start(batch: Batch, subs: Path, problems: Path, args: argparse.Namespace) -> None:
+    """One kbench run for the batch, pinned to ``batch.cores``, its output in its log."""
+    out = args.out / "batches" / f"b{batch.number:03d}"
+    out.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "kbench", "grade", str(subs), "--task", str(problems),
+               "--device", args.device, "--jobs", str(max(2, len(batch.cores) // 2)),
+               "--out", str(out)]
+    command += [] if args.timing else ["--no-timing"]
+    command += ["--case", "0"] if args.own_sizes else []
+    env = {**os.environ, "OMP_NUM_THREADS": str(len(batch.cores)), "PYTHONUNBUFFERED": "1"}
+    cores = set(batch.cores)
+    batch.log = args.out / "batches" / f"b{batch.number:03d}.log"
+    with open(batch.log, "w") as log:
+        log.write(" ".join(command) + "\n")
+        log.flush()
+        batch.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                      preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    batch.started = time.monotonic()
+
+
+def collect(batch: Batch, out: Path) -> dict[str, dict]:
+    """The batch's verdicts from its results.json, each with its problem's screening."""
+    path = out / "batches" / f"b{batch.number:03d}" / "results.json"
+    if not path.exists():
+        return {}
+    results = json.loads(path.read_text())
+    problems = {p["name"]: p for p in results.get("problems", [])}
+    found = {}
+    for sub in results["submissions"]:
+        problem = problems.get(sub["problem"], {})
+        found[sub["problem"]] = {
+            "status": sub["status"], "reason": sub["reason"][:2000],
+            "degenerate": problem.get("degenerate"), "error": problem.get("error"),
+            "alone": batch.alone, "batch": batch.number,
+            "environment": {k: results.get("environment", {}).get(k) for k in
+                            ("device_name", "memory_gib", "cpu_count", "torch", "driver",
+                             "kbench_version")}}
+    return found
+
+
+class Scheduler:
+    """Batches on ``shards`` lanes of cores, largest first, within the GPU's memory."""
+
+    def __init__(self, args: argparse.Namespace, paths: dict[str, Path], problems: Path,
+                 folder: Path, state: dict, save) -> None:
+        self.args, self.paths, self.problems, self.folder = args, paths, problems, folder
+        self.state, self.save = state, save
+        cores = sorted(os.sched_getaffinity(0))
+        count = min(args.shards, len(cores))
+        self.lanes = [cores[k * len(cores) // count:(k + 1) * len(cores) // count]
+                      for k in range(count)]
+        total = gpu_gib() if args.device == "cuda" else None
+        self.budget = _GPU_SHARE * total if total else float("inf")
+        self.begun = time.monotonic()
+        self.count = 0
+
+    def left_s(self) -> float:
+        deadline = self.args.deadline_s
+        return float("inf") if deadline is None else deadline - (time.monotonic() - self.begun)
+
+    def batches(self, names: list[str]) -> list[Batch]:
+        needs = self.state["needs"]
+        names = sorted(names, key=lambda n: -(needs.get(n) or 0.0))
+        size = self.args.batch
+        made = []
+        for i in range(0, len(names), size):
+            chunk = names[i:i + size]
+            self.count += 1
+            made.append(Batch(self.count, chunk, max(needs.get(n) or 0.0 for n in chunk)))
+        return made
+
+    def run(self, todo: list[Batch], lanes: list[list[int]]) -> None:
+        """Grade ``todo`` on ``lanes``; what a stop leaves ungraded stays missing."""
+        running: list[Batch] = []
+        free = list(lanes)
+        while todo or running:
+            if self.left_s() <= 0:
+                self._stop(running)
+                return
+            for batch in self._startable(todo, running, free):
+                todo.remove(batch)
+                batch.cores = free.pop(0)
+                start(batch, write_batch(batch, self.paths, self.folder), self.problems,
+                      self.args)
+                running.append(batch)
+                print(f"[{self._clock()}] b{batch.number:03d} started: {len(batch.problems)} "
+                      f"problem(s), up to {batch.need_gib:.1f} GiB, cores {batch.cores[0]}-"
+                      f"{batch.cores[-1]}", flush=True)
+            if not running:
+                print(f"[{self._clock()}] {sum(len(b.problems) for b in todo)} problem(s) "
+                      "left for a later run: the deadline is too near", flush=True)
+                return
+            if len(running) > 1:
+                for batch in running:
+                    batch.alone = False
+            time.sleep(1.0)
+            for batch in list(running):
+                self._progress(batch)
+                if batch.proc.poll() is not None:
+                    running.remove(batch)
+                    free.append(batch.cores)
+                    self._finished(batch)
+
+    def _startable(self, todo: list[Batch], running: list[Batch], free: list) -> list[Batch]:
+        """The batches to start now, in order; one too long for the time left is cut to what
+        fits (the rest stays to do)."""
+        chosen, used = [], sum(b.need_gib for b in running)
+        for batch in list(todo):
+            if len(chosen) == len(free):
+                break
+            fits = min(len(batch.problems), (self.left_s() - _BATCH_S) // _PROBLEM_S)
+            if fits < 1 or (running or chosen) and used + batch.need_gib > self.budget:
                 continue
-            shard = folder / str(count % shards)
-            target = shard / f"level{level}" / problem.stem / "identity.py"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(problem.read_text() + "\n\nModelNew = Model\n")
-            count += 1
-    return count
+            if fits < len(batch.problems):
+                self.count += 1
+                rest = Batch(self.count, batch.problems[int(fits):], batch.need_gib)
+                batch.problems = batch.problems[:int(fits)]
+                todo.insert(todo.index(batch) + 1, rest)
+            chosen.append(batch)
+            used += batch.need_gib
+        return chosen
+
+    def _finished(self, batch: Batch) -> None:
+        found = collect(batch, self.args.out)
+        self.state["results"].update(found)
+        self.save()
+        missing = len(batch.problems) - len(found)
+        print(f"[{self._clock()}] b{batch.number:03d} done in "
+              f"{time.monotonic() - batch.started:.0f} s (exit {batch.proc.returncode}"
+              f"{'' if batch.alone else ', beside others'}): {len(found)} verdict(s)"
+              + (f", {missing} without one" if missing else ""), flush=True)
+
+    def _stop(self, running: list[Batch]) -> None:
+        """The deadline: each kbench run stopped as Ctrl-C would, its reports kept."""
+        print(f"[{self._clock()}] deadline: stopping {len(running)} batch(es)", flush=True)
+        for batch in running:
+            batch.proc.send_signal(signal.SIGTERM)
+        for batch in running:
+            try:
+                batch.proc.wait(_STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                batch.proc.kill()
+                batch.proc.wait()
+            self._progress(batch)
+            self._finished(batch)
+
+    def _progress(self, batch: Batch) -> None:
+        """The verdict lines its kbench printed since last time, prefixed with the batch."""
+        with open(batch.log, errors="replace") as log:
+            log.seek(batch.read)
+            text = log.read()
+        complete = text[:text.rfind("\n") + 1]
+        batch.read += len(complete.encode(errors="replace"))
+        for line in complete.splitlines():
+            if line.startswith("["):
+                print(f"  b{batch.number:03d} {line[:200]}", flush=True)
+
+    def _clock(self) -> str:
+        return f"{time.monotonic() - self.begun:5.0f} s"
 
 
-def grade(subs: Path, problems: Path, out: Path, args: argparse.Namespace) -> list[dict]:
-    """Run one kbench grade per shard side by side; every shard's results."""
-    threads = max(1, (os.cpu_count() or 1) // args.shards)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if args.shards > 1 else None
-    runs = []
-    for shard in sorted(subs.iterdir()):
-        command = [sys.executable, "-m", "kbench", "grade", str(shard), "--task",
-                   str(problems), "--device", args.device, "--jobs", "2",
-                   "--out", str(out if args.shards == 1 else out / shard.name)]
-        command += [] if args.timing else ["--no-timing"]
-        command += ["--case", "0"] if args.own_sizes else []
-        print(" ".join(command), flush=True)
-        runs.append(subprocess.Popen(command, env=env))
-    for run in runs:
-        run.wait()
-    folders = [out] if args.shards == 1 else [out / s.name for s in sorted(subs.iterdir())]
-    return [s for f in folders if (f / "results.json").exists()
-            for s in json.loads((f / "results.json").read_text())["submissions"]]
+def summary(names: list[str], state: dict) -> list[str]:
+    """What the results file says of ``names``: the share of non-degenerate problems ok, and
+    every problem that is degenerate, failed, or has no verdict yet."""
+    results = {n: state["results"][n] for n in names if n in state["results"]}
+    degenerate = {n for n, r in results.items() if r.get("degenerate")}
+    plain = [n for n in results if n not in degenerate]
+    ok = sum(results[n]["status"] == "ok" for n in plain)
+    missing = [n for n in names if n not in results]
+    envs = {json.dumps(r.get("environment"), sort_keys=True) for r in results.values()}
+    lines = [f"{len(results)} of {len(names)} problem(s) have a verdict "
+             f"({dict(Counter(r['status'] for r in results.values()))}); "
+             f"{len(degenerate)} degenerate; non-degenerate ok: {ok} of {len(plain)} "
+             f"({100 * ok / max(1, len(plain)):.1f} %)", *sorted(envs)]
+    for name in sorted(degenerate):
+        lines.append(f"- {name}: degenerate ({results[name]['status']}): "
+                     f"{results[name]['degenerate'][:300]}")
+    for name in sorted(n for n in plain if results[n]["status"] != "ok"):
+        record = results[name]
+        alone = "" if record.get("alone") else " (graded beside others)"
+        lines.append(f"- {name}: {record['status']}{alone}: {record['reason'][:400]}")
+    lines += [f"- {name}: no verdict yet" for name in missing]
+    return lines
 
 
 def main() -> int:
@@ -70,28 +322,42 @@ def main() -> int:
                         "of these words")
     parser.add_argument("--own-sizes", action="store_true", help="only case 0, the problem's "
                         "own sizes (no random cases, no timing)")
-    parser.add_argument("--shards", type=int, default=1, help="kbench runs side by side (on "
-                        "one GPU they compete for its memory: keep 1 there)")
+    parser.add_argument("--shards", type=int, default=1, help="kbench runs side by side, each "
+                        "on its share of the cores (on a GPU, within its memory)")
+    parser.add_argument("--batch", type=int, default=10, help="problems per kbench run")
+    parser.add_argument("--deadline-s", type=float, help="start no batch that would not end "
+                        "within this many seconds of the start; stop the running ones then")
+    parser.add_argument("--results", type=Path, help="the verdicts so far (JSON), read and "
+                        "added to (default: OUT/identity.json)")
     parser.add_argument("--out", type=Path, default=Path("kernelbench-identity"))
     args = parser.parse_args()
     problems = args.checkout / "KernelBench"
     if not problems.is_dir():
         problems = args.checkout
+    paths = list_problems(problems, args.levels, args.only)
+    results_path = args.results or args.out / "identity.json"
+    state = json.loads(results_path.read_text()) if results_path.exists() else {}
+    state.setdefault("results", {})
+    state.setdefault("needs", {})
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        results_path.parent.mkdir(parents=True, exist_ok=True)
+        results_path.write_text(json.dumps(state, indent=1, sort_keys=True))
+
+    if args.device == "cuda":
+        estimate_needs(paths, state["needs"])
+        save()
+    todo = [n for n in paths if n not in state["results"]]
+    print(f"{len(paths)} problem(s), {len(todo)} without a verdict", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        subs = Path(tmp) / "identity"
-        count = write_candidates(problems, args.levels, subs, args.only, args.shards)
-        print(f"{count} problem(s)", flush=True)
-        start = time.monotonic()
-        subs_ = grade(subs, problems, args.out, args)
-        wall = time.monotonic() - start
-    passed = [s for s in subs_ if s["status"] == "ok"]
-    share = 100 * len(passed) / max(1, count)  # a problem with no result did not pass
-    print(f"\n{len(passed)} of {count} problems passed ({share:.1f} %) in "
-          f"{wall / 60:.1f} min on {args.device}; verdicts: "
-          f"{dict(Counter(s['status'] for s in subs_))}, no result: {count - len(subs_)}")
-    for s in sorted(subs_, key=lambda s: s["problem"]):
-        if s["status"] != "ok":
-            print(f"- {s['problem']}: {s['status']}: {s['reason'][:300]}")
+        scheduler = Scheduler(args, paths, problems, Path(tmp), state, save)
+        scheduler.run(scheduler.batches(todo), scheduler.lanes)
+        again = [n for n in paths if n in state["results"] and needs_alone(state["results"][n])]
+        if again:
+            print(f"grading {len(again)} problem(s) again alone: {', '.join(again)}", flush=True)
+            scheduler.run(scheduler.batches(again), [sorted(os.sched_getaffinity(0))])
+    print("\n" + "\n".join(summary(list(paths), state)))
     return 0
 
 

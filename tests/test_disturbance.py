@@ -179,7 +179,7 @@ def _clock(monkeypatch, passes: list[float], disturbed: bool) -> tuple[Benchmark
 
     import torch
 
-    from kbench.grading import integrity
+    from kbench.grading.timing import integrity
     from kbench.grading.options import TimingMode
     left = list(passes)
     monkeypatch.setattr(integrity, "_clocked_pass", lambda *args: left.pop(0))

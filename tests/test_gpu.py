@@ -1,6 +1,8 @@
 """On a CUDA device (the lent GPU): the bundled submissions and the GPU-only faults."""
 
 import importlib.util
+import re
+from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, ROOT, by_name, grade, has_gpu, quick_task
@@ -10,20 +12,43 @@ from kbench.cli import commands as cli
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not has_gpu, reason="needs a CUDA device")]
 
 
-def test_bundled_submissions_on_gpu(tmp_path, cache_dir):
-    code, results = grade([str(ROOT / "kbench" / "submissions")], tmp_path, cache_dir)
-    assert code == 0
+# The bundled submissions in three parts, each one `kbench grade --profile quick` that ends
+# within a 600 s device call (the full profile of all 18 took more than two such calls on an
+# H100, and the quick one 500 s for 14 of them: docs/evidence/h100-2026-11-27-bundled-quick).
+# Every file falls in one part: the CUDA l2norms, the other l2norms (Triton, CuTe DSL, TileLang:
+# the full task's sizes, their speedups and share of copy bandwidth in the part's reports), and
+# the other problems' torch baselines.
+BUNDLED_PARTS = ("l2norm_cuda", "l2norm_dsl", "baselines")
+
+
+def bundled_part(part: str) -> list[Path]:
+    files = sorted((ROOT / "kbench" / "submissions").glob("*.py"))
+    cuda = [f for f in files if re.fullmatch(r"l2norm_v\d+", f.stem)]
+    dsl = [f for f in files if f.stem.startswith("l2norm_") and f not in cuda]
+    return {"l2norm_cuda": cuda, "l2norm_dsl": dsl,
+            "baselines": [f for f in files if not f.stem.startswith("l2norm_")]}[part]
+
+
+@pytest.mark.parametrize("part", BUNDLED_PARTS)
+def test_bundled_submissions_on_gpu(part, tmp_path, cache_dir):
+    files = bundled_part(part)
+    code, results = grade([*map(str, files), "--profile", "quick"], tmp_path, cache_dir)
+    assert code == 0 and results["environment"]["device_name"]
     subs = by_name(results)
-    assert subs["l2norm_v2"]["status"] == "build_error"
-    assert "too much shared data" in subs["l2norm_v2"]["reason"]
-    v1 = subs["l2norm_v1"]
-    assert v1["status"] == "wrong_output" and "NaN where the reference is finite" in v1["reason"]
-    v3 = subs["l2norm_v3"]
-    assert v3["status"] == "ok", v3["reason"]
-    assert v3["cases_passed"] == v3["cases_total"] >= 28
-    timed = [b for b in v3["benchmarks"] if b["speedup"]]
-    assert len(timed) >= 5 and v3["speedup"] > 0
-    assert results["environment"]["device_name"]
+    assert sorted(subs) == sorted(f.stem for f in files)
+    if part == "l2norm_cuda":
+        assert subs["l2norm_v2"]["status"] == "build_error"
+        assert "too much shared data" in subs["l2norm_v2"]["reason"]
+        v1 = subs["l2norm_v1"]
+        assert v1["status"] == "wrong_output" and "NaN where the reference is finite" in v1["reason"]
+        v3 = subs["l2norm_v3"]
+        assert v3["cases_passed"] == v3["cases_total"] >= 28
+        timed = [b for b in v3["benchmarks"] if b["speedup"]]
+        assert len(timed) >= 5
+        subs = {n: s for n, s in subs.items() if n not in ("l2norm_v1", "l2norm_v2")}
+    for name, sub in subs.items():
+        missing = sub["status"] == "skipped" and "not installed" in sub["reason"]
+        assert missing or (sub["status"] == "ok" and sub["speedup"] > 0), (name, sub["reason"])
 
 
 def test_new_skeleton_builds_runs_and_is_wrong_until_filled_in(tmp_path, cache_dir):
