@@ -68,7 +68,7 @@ def test_ray_with_a_worker_killed_gives_the_same_verdicts(problem_set_run, tmp_p
                                                           cache_dir):
     pytest.importorskip("ray", reason="the Ray extra: pip install -e '.[ray]'")
     results, killed, output = _graded_while_killing(
-        "ray::_grade", ["--executor", "ray", "--slots", "2"], tmp_path / "reports", cache_dir)
+        "ray::grade", ["--executor", "ray", "--slots", "2"], tmp_path / "reports", cache_dir)
     assert killed, "no Ray worker was seen grading"
     assert _verdicts(results) == _verdicts(problem_set_run[1]), output[-4000:]
 

@@ -109,8 +109,9 @@ def _grade_parser(sub) -> None:
     grade.add_argument("--slots", type=int, default=1, help="evaluation slots with --device "
                        "cpu (default: 1)")
     grade.add_argument("--executor", choices=["local", "ray"], default="local",
-                       help="local: this host's slots (default); ray: a Ray cluster, one GPU "
-                       "(or CPU) per unit of work")
+                       help="local: this host's slots (default); ray: a Ray cluster, each "
+                       "build a task on a node with CPUs (kbench_build nodes where any), each "
+                       "unit a task holding a GPU (or a CPU)")
     grade.add_argument("--address", help="with --executor ray: the cluster's address (default: "
                        "$RAY_ADDRESS, else a Ray instance started on this host)")
     grade.set_defaults(handler=grade_command.grade)

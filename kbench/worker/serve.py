@@ -38,6 +38,7 @@ from kbench.shared import inputs as problem
 from kbench.shared import protocol as p
 from kbench.shared.fingerprint import weight_sums
 from kbench.shared.outputs import Unsupported, flatten
+from kbench.worker import prebuilt
 from kbench.worker.kept import HELD_BY_A_PASS, clocked
 from kbench.worker.kernels import kernels_of
 from kbench.worker.timing import measure, rotation, set_bytes
@@ -355,6 +356,7 @@ def main(argv: list[str]) -> int:
             torch.cuda.empty_cache()
     # Tensors travel as shared memory; the descriptor handover authenticates with this key.
     multiprocessing.current_process().authkey = conn.recv_bytes(64)
+    prebuilt.install()  # before any submission imports load_inline
     worker = Worker()
     while True:
         try:

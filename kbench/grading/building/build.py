@@ -16,7 +16,7 @@ import psutil
 
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
-from kbench.host import backends, build_lock, pch
+from kbench.host import artifacts, backends, build_lock, pch
 from kbench.host.build_dirs import build_dir
 from kbench.problems.discovery import Submission
 from kbench.results.verdict import Status, Verdict
@@ -47,16 +47,21 @@ def folder(ctx: Context, sub: Submission) -> Path:
     return build_dir(ctx.options.cache_dir, sub.path, ctx.toolchain)
 
 
-def env(ctx: Context, sub: Submission, cores: int | None = None) -> dict[str, str]:
+def env(ctx: Context, sub: Submission, cores: int | None = None, record: bool = False
+        ) -> dict[str, str]:
     """The environment of the submission's processes, its build folder marked as used now
-    (kbench prune keeps what recent runs used); ``cores``: what one build may use."""
+    (kbench prune keeps what recent runs used); ``cores``: what one build may use.
+    ``record``: the build notes each load_inline call's library, to ship it to another node;
+    a folder unpacked from one loads those libraries (kbench.worker.prebuilt)."""
     path = folder(ctx, sub)
     path.mkdir(parents=True, exist_ok=True)
     os.utime(path)
     cores = cores or ctx.options.cores or psutil.cpu_count() or 1
     backend = backends.for_source(sub.path.read_text(errors="replace"))
     compiler = pch.env(ctx.options.cache_dir, ctx.toolchain) if ctx.options.pch else {}
-    return child_env({**backend.env(ctx.toolchain, path, cores), **compiler})
+    mode = "record" if record else "replay" if artifacts.shipped(path) else ""
+    prebuilt = {"KBENCH_PREBUILT": mode} if mode else {}
+    return child_env({**backend.env(ctx.toolchain, path, cores), **compiler, **prebuilt})
 
 
 def warm(ctx: Context, sub: Submission) -> Built:
@@ -103,18 +108,18 @@ def outcome(built: Built) -> str:
 
 
 def build(ctx: Context, sub: Submission, environment_problem: str | None, cores: int,
-          cpus: tuple[int, ...] = (), nice: int = 0, lock_wait_s: float | None = None
-          ) -> Built:
+          cpus: tuple[int, ...] = (), nice: int = 0, lock_wait_s: float | None = None,
+          record: bool = False) -> Built:
     """Import the submission once in its own process, on ``cpus`` at ``nice``: this compiles
     its extensions (with ``cores`` at most), holding its build folder's lock (waiting up to
     ``lock_wait_s`` for another kbench process that builds it, default the build's limit;
-    kbench.host.build_lock.Busy after that)."""
+    kbench.host.build_lock.Busy after that); ``record``: as ``env`` says."""
     source = sub.path.read_text(errors="replace")
     if verdict := backends.for_source(source).unavailable(ctx.toolchain, environment_problem,
                                                           source):
         return Built(verdict, 0.0)
     def run() -> None:
-        with Channel(ctx, f"{sub.log_name}.build.log", env(ctx, sub, cores), cpus,
+        with Channel(ctx, f"{sub.log_name}.build.log", env(ctx, sub, cores, record), cpus,
                      nice) as channel:
             channel.load(sub, instantiate=False, stage="build")
     wait = ctx.task.limits.build_s if lock_wait_s is None else lock_wait_s
