@@ -38,9 +38,9 @@ def _grade(unit: dict) -> list[units.Event]:
     return events
 
 
-def _describe(options: dict) -> dict:
+def _describe(options: Options) -> dict:
     """On a Ray worker: the machine the units run on, as LocalExecutor records it."""
-    executor = LocalExecutor(Options.from_dict(options), pin=False)
+    executor = LocalExecutor(options, pin=False)
     env = executor.environment()
     env["environment_problem"] = executor.environment_problem
     return env
@@ -69,7 +69,7 @@ class RayExecutor:
 
     def environment(self) -> dict:
         describe = self.ray.remote(_describe).options(**self.resources)
-        env = self.ray.get(describe.remote(self.options.to_dict()))
+        env = self.ray.get(describe.remote(self.options))
         self.environment_problem = env.pop("environment_problem")
         env["slots"] = [f"ray: {self.slots} x {'GPU' if 'num_gpus' in self.resources else 'CPU'}"]
         return env
