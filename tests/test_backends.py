@@ -51,7 +51,7 @@ def test_options_are_typed_and_checked_once(tmp_path):
 def test_a_job_is_a_plain_value(tmp_path):
     job = Job(task="tasks/l2norm.yaml", problem="l2norm", name="a", path="a.py", sha256="0" * 64,
               options=Options(device="cpu", out_dir=tmp_path, cache_dir=tmp_path, jobs=1,
-                              seed=1).to_dict())
+                              seed=1))
     assert Job.from_dict(job.to_dict()) == job
     assert job.submission().name == "a"
 

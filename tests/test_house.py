@@ -25,6 +25,17 @@ WORKER_MAY_IMPORT = {"shared", "worker"}
 # Entries outside the layers: submissions and the reference are graded code, imported by none.
 OUTSIDE = {"__init__", "worker", "reference", "submissions"}
 MAX_TOP = 14  # __init__.py and __main__.py included
+# Inside grading/: the core beside four concerns that import one way (running -> timing ->
+# checking, running -> building); each entry may import of grading only what it names here.
+_CORE = {"options", "context", "jobs", "channel"}
+GRADING_MAY_IMPORT = {
+    "options": set(), "context": {"options"}, "jobs": {"options"},
+    "channel": {"options", "context"},
+    "checking": _CORE, "building": _CORE, "timing": _CORE | {"checking"},
+    "running": _CORE | {"checking", "building", "timing"},
+}
+MAX_GRADING_ENTRIES = 8  # __init__.py left out
+MAX_GRADING_LEVELS = 6  # the longest chain of grading's entries importing one another
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 
@@ -100,6 +111,45 @@ def test_layers_import_only_downwards():
             if there not in LAYERS or LAYERS.index(there) > LAYERS.index(here):
                 upward.append(f"{module} -> {other}")
     assert not upward, "imports from a lower layer up (or into the worker):\n" + "\n".join(upward)
+
+
+def _grading_entry(module: str) -> str | None:
+    """The entry of grading/ a module lives in (a sub-package or a module beside them)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "grading" else None
+
+
+def _grading_graph() -> dict[str, set[str]]:
+    """grading's entries, each one node, and the entries each imports."""
+    graph: dict[str, set[str]] = {}
+    for module, imported in GRAPH.items():
+        if (here := _grading_entry(module)) is not None:
+            graph.setdefault(here, set()).update(
+                there for o in imported if (there := _grading_entry(o)) not in (None, here))
+    return graph
+
+
+def test_grading_is_a_few_entries_in_few_levels():
+    graph = _grading_graph()
+    assert len(graph) <= MAX_GRADING_ENTRIES, sorted(graph)
+    unplaced = sorted(set(graph) - set(GRADING_MAY_IMPORT))
+    assert not unplaced, f"grading entries in no place (add them to GRADING_MAY_IMPORT): {unplaced}"
+    levels: dict[str, int] = {}
+    for entry in TopologicalSorter(graph).static_order():
+        levels[entry] = 1 + max((levels[o] for o in graph.get(entry, ())), default=0)
+    assert max(levels.values()) <= MAX_GRADING_LEVELS, levels
+
+
+def test_grading_concerns_import_one_way():
+    wrong = []
+    for module, imported in GRAPH.items():
+        here = _grading_entry(module)
+        if here is None:
+            continue
+        allowed = GRADING_MAY_IMPORT.get(here, set()) | {here}
+        wrong += [f"{module} -> {o}" for o in imported
+                  if (there := _grading_entry(o)) is not None and there not in allowed]
+    assert not wrong, "imports against grading's one way:\n" + "\n".join(sorted(wrong))
 
 
 def test_the_worker_and_the_shared_modules_import_nothing_of_the_trusted_side():

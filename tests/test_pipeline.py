@@ -37,7 +37,7 @@ def _jobs(options: Options, *names: str) -> list[Job]:
         problem, stem = name.split("/")
         path = SUBS / problem / f"{stem}.py"
         jobs.append(Job(task=str(PROBLEMS / f"{problem}.py"), problem=problem, name=name,
-                        path=str(path), sha256="0", options=options.to_dict()))
+                        path=str(path), sha256="0", options=options))
     return jobs
 
 
@@ -134,7 +134,7 @@ def test_a_build_that_writes_a_run_file_is_found_alone_and_the_rest_handed_out(t
     options = _options(tmp_path, jobs=2)
     jobs = [Job(task=str(PROBLEMS / "scaled_add.py"), problem="scaled_add",
                 name=f"scaled_add/{n}", path=str(subs / "scaled_add" / f"{n}.py"), sha256="0",
-                options=options.to_dict()) for n in ("writer", "bystander", "victim", "later")]
+                options=options) for n in ("writer", "bystander", "victim", "later")]
     text = victim.read_text()
     builds = _Builds(seconds={"scaled_add/bystander": 0.4, "scaled_add/victim": 0.6},
                      act={"scaled_add/writer": lambda: victim.write_text("# mine\n")})

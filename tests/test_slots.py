@@ -12,7 +12,7 @@ import pytest
 from conftest import FIXTURES, PROBLEM_SET_ARGS, ROOT, grade
 
 from kbench.grading.jobs import Job
-from kbench.grading.options import Device, OptionsError
+from kbench.grading.options import Device, Options, OptionsError
 from kbench.grading.running import units
 from kbench.grading.running.slots import specs
 
@@ -73,9 +73,12 @@ def test_ray_with_a_worker_killed_gives_the_same_verdicts(problem_set_run, tmp_p
     assert _verdicts(results) == _verdicts(problem_set_run[1]), output[-4000:]
 
 
+_OPTIONS = Options(device="cpu", out_dir=".", cache_dir=".", jobs=1, seed=1)
+
+
 def _job(problem: str, name: str) -> Job:
     return Job(task=f"{problem}.py", problem=problem, name=name, path=f"{name}.py",
-               sha256="0", options={})
+               sha256="0", options=_OPTIONS)
 
 
 def test_units_keep_problems_whole_while_there_are_enough():
@@ -125,9 +128,10 @@ def test_a_problem_split_over_units_keeps_one_record():
         def problem(self, problem):
             self.problems.append(problem)
 
-    def record(table: str, note: str) -> dict:
-        return {"problem": ProblemRun("p", "p.py", "d", notes=[note], reference=[
-            Benchmark(params={"n": 1}, dtype=table)]).to_dict()}
+    def record(table: str, note: str) -> units.Event:
+        event = units.Event(problem=ProblemRun("p", "p.py", "d", notes=[note], reference=[
+            Benchmark(params={"n": 1}, dtype=table)]))
+        return units.Event.from_dict(json.loads(json.dumps(event.to_dict())))  # as it travels
 
     sink = Sink()
     deliver = units.Delivery(sink, print)
@@ -176,6 +180,6 @@ def test_each_unit_says_its_lines_through_its_own_emit(tmp_path, monkeypatch):
     first, second = [], []
     for name, events in (("a_0", first), ("b_0", second)):
         job = Job(task="t.py", problem="p", name=name, path=f"{name}.py", sha256="0",
-                  options=options.to_dict())
+                  options=options)
         units.run(units.Unit([job], None, 1), events.append)
-    assert first == [{"say": "a_0"}] and second == [{"say": "b_0"}]
+    assert first == [units.Event(say="a_0")] and second == [units.Event(say="b_0")]

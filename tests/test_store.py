@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -15,6 +16,7 @@ import pytest
 from conftest import FIXTURES, ROOT, by_name, grade, quick_task
 
 from kbench.cli import commands as cli
+from kbench.grading.options import Options
 from kbench.reports import report_folder
 from kbench.results.presence import LOCK_NAME
 from kbench.results.store import FILENAME, OPENING_LOCK, Store
@@ -312,17 +314,24 @@ def test_reuse_needs_same_kbench_task_and_software(tmp_path):
     store.add_result(run_id, SubmissionResult(name="l2norm_x", path="x.py", sha256="abc",
                                               status=Status.OK, speedup=1.5, problem="l2norm"))
     fp = fingerprint(env)
-    # a run stored without a profile (older kbench) counts as full
-    assert store.reusable("abc", "t1", "0.1.0", fp, "eager", "full")[0] == run_id
-    assert store.reusable("abd", "t1", "0.1.0", fp, "eager", "full") is None  # another file
-    assert store.reusable("abc", "t2", "0.1.0", fp, "eager", "full") is None  # another problem
-    assert store.reusable("abc", "t1", "0.2.0", fp, "eager", "full") is None  # another kbench
-    assert store.reusable("abc", "t1", "0.1.0", fp, "graph", "full") is None  # timing mode
-    assert store.reusable("abc", "t1", "0.1.0", fp, "eager", "quick") is None  # profile
-    assert store.reusable("abc", "t1", "0.1.0", fp, "eager", "full", True) is None  # policy
+    asked = Options(device="cuda", out_dir=tmp_path, cache_dir=tmp_path, jobs=1, seed=1)
+
+    def reusable(sha: str, task: str = "t1", version: str = "0.1.0", fp: str = fp, **changed):
+        return store.reusable(sha, task, version, fp, replace(asked, **changed).reuse_key(),
+                              Options.unrecorded())
+
+    # a run stored without a profile, rules or policy (older kbench) counts as their defaults
+    assert reusable("abc")[0] == run_id
+    assert reusable("abd") is None  # another file
+    assert reusable("abc", "t2") is None  # another problem
+    assert reusable("abc", version="0.2.0") is None  # another kbench
+    assert reusable("abc", timing="graph") is None  # timing mode
+    assert reusable("abc", profile="quick") is None  # profile
+    assert reusable("abc", require_custom_kernels=True) is None  # policy
+    assert reusable("abc", rules="kernelbench") is None  # rules
+    assert reusable("abc", atol=0.01) is None  # tolerance
     for key, value in (("torch", "2.12.0"), ("device_name", "NVIDIA H100"), ("driver", "590")):
-        assert store.reusable("abc", "t1", "0.1.0", fingerprint({**env, key: value}),
-                              "eager", "full") is None
+        assert reusable("abc", fp=fingerprint({**env, key: value})) is None
     # Not reused: what the machine could not grade, and a correct result with no speedup
     # (the reference failed alongside it); a resume grades the first again.
     for name, sha, status, speedup in (("l2norm_env", "e", Status.ENVIRONMENT_ERROR, None),
@@ -331,7 +340,7 @@ def test_reuse_needs_same_kbench_task_and_software(tmp_path):
         store.add_result(run_id, SubmissionResult(name=name, path="y.py", sha256=sha,
                                                   status=status, speedup=speedup,
                                                   problem="l2norm"))
-        assert store.reusable(sha, "t1", "0.1.0", fp, "eager", "full") is None
+        assert reusable(sha) is None
     assert store.graded_names(run_id) == {"l2norm_x", "l2norm_nospeed"}
 
 

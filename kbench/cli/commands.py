@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from kbench import __version__
 from kbench.cli import grade_command
 from kbench.cli.grade_command import fail, render
+from kbench.grading.options import Profile, Rules, TimingMode, default
 from kbench.host import paths
 
 if TYPE_CHECKING:  # imported lazily at run time: `kbench --help` stays fast
@@ -69,24 +70,26 @@ def _grade_parser(sub) -> None:
     _cache_option(grade)
     grade.add_argument("--cuda-arch", help="TORCH_CUDA_ARCH_LIST for builds (default: the GPU's, "
                        "else $TORCH_CUDA_ARCH_LIST, else 9.0)")
-    grade.add_argument("--timing", choices=["eager", "graph"], default="eager",
-                       help="eager: one call per sample, launch overhead included (default); "
-                       "graph: CUDA-graph replays of many calls on rotating inputs, the "
-                       "kernels alone (CUDA only)")
+    grade.add_argument("--timing", choices=[m.value for m in TimingMode],
+                       help="eager: one call per sample, launch overhead included; graph: "
+                       "CUDA-graph replays of many calls on rotating inputs, the kernels alone "
+                       f"(CUDA only). Default: {default('timing')}")
     grade.add_argument("--no-timing", action="store_true", help="check correctness only")
-    grade.add_argument("--profile", choices=["full", "quick"], default="full",
+    grade.add_argument("--profile", choices=[p.value for p in Profile],
                        help="full: every round and sample the task asks for, and the "
-                       "torch.compile baseline (default); quick: for screening thousands, "
-                       "fewer rounds, samples and fresh processes, the same correctness")
+                       "torch.compile baseline; quick: for screening thousands, fewer rounds, "
+                       f"samples and fresh processes, the same correctness. Default: "
+                       f"{default('profile')}")
     grade.add_argument("--require-custom-kernels", action="store_true",
                        help="flag a submission whose profiled GPU time is mostly torch's "
                        "library kernels (ATen, cuBLAS, cuDNN), or that launched none of its "
                        "own (CUDA only; the share is reported either way)")
-    grade.add_argument("--rules", choices=["kbench", "kernelbench"], default="kbench",
-                       help="whose correctness verdict ranks: kbench's (default: many sizes "
-                       "and draws, float64 truth, cheat checks) or KernelBench's (the "
-                       "problem's own sizes and get_inputs under its seeds, allclose, 5 "
-                       "trials; faster). KernelBench problem files get both verdicts either way")
+    grade.add_argument("--rules", choices=[r.value for r in Rules],
+                       help="whose correctness verdict ranks: kbench's (many sizes and draws, "
+                       "float64 truth, cheat checks) or KernelBench's (the problem's own sizes "
+                       "and get_inputs under its seeds, allclose, 5 trials; faster). "
+                       "KernelBench problem files get both verdicts either way. Default: "
+                       f"{default('rules')}")
     grade.add_argument("--atol", type=float, help="absolute tolerance under KernelBench's "
                        "rules (default: KernelBench's for the dtype: 1e-4 float32, 1e-2 "
                        "16-bit; its v0 used 1e-2)")

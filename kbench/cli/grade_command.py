@@ -111,11 +111,11 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
     from kbench.problems.cases import CaseError
     from kbench.results.store import StoreError
 
-    settings = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch,
-                "timing": args.timing, "untimed": args.no_timing, "profile": args.profile,
-                "require_custom_kernels": args.require_custom_kernels, "rules": args.rules,
-                "atol": args.atol, "rtol": args.rtol,
-                "include_degenerate": args.include_degenerate}
+    asked = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch,
+             "timing": args.timing, "untimed": args.no_timing, "profile": args.profile,
+             "require_custom_kernels": args.require_custom_kernels, "rules": args.rules,
+             "atol": args.atol, "rtol": args.rtol, "include_degenerate": args.include_degenerate}
+    settings = {k: v for k, v in asked.items() if v is not None}  # the rest: Options' defaults
     seed, run_id = args.seed, None
     unfinished = store.unfinished_run(label)
     if args.resume:
@@ -132,23 +132,15 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
     elif unfinished is not None and not store.claimed(unfinished.id):
         print(f"note: run {unfinished.id} of {label} in {store.path} did not finish; "
               "`kbench grade ... --resume` continues it", flush=True)
-    device = settings["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = settings.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         return fail("--device cuda: no CUDA device is visible to torch here")
     seed = seed if seed is not None else secrets.randbits(31)
     try:
-        options = Options(device=device, out_dir=out_dir, jobs=args.jobs, seed=seed,
-                          cache_dir=(args.cache_dir or paths.default_cache_dir()).resolve(),
-                          case_indices=settings["case_indices"],
-                          cuda_arch=settings["cuda_arch"],
-                          timing=settings.get("timing", "eager"),
-                          untimed=settings.get("untimed", False),
-                          profile=settings.get("profile", "full"),
-                          require_custom_kernels=settings.get("require_custom_kernels", False),
-                          rules=settings.get("rules", "kbench"), atol=settings.get("atol"),
-                          rtol=settings.get("rtol"),
-                          include_degenerate=settings.get("include_degenerate", False),
-                          pch=args.pch)
+        options = Options.from_dict({
+            **settings, "device": device, "out_dir": out_dir, "jobs": args.jobs, "seed": seed,
+            "cache_dir": (args.cache_dir or paths.default_cache_dir()).resolve(),
+            "pch": args.pch})
     except OptionsError as exc:
         return fail(str(exc))
     resuming = f", resuming run {run_id}" if run_id else ""

@@ -7,7 +7,7 @@ the same three methods."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Protocol
 
@@ -24,7 +24,7 @@ class Job:
     name: str  # the submission's name in reports
     path: str  # its file
     sha256: str  # of its bytes when the job was made
-    options: dict  # Options.to_dict()
+    options: Options
     # Why it is graded again alone at the end: the flag its timing raised while the host was
     # disturbed (kbench.grading.timing.disturbance); "" the first time.
     retimed: str = ""
@@ -32,7 +32,7 @@ class Job:
     @classmethod
     def make(cls, task: Path, problem: str, sub: Submission, options: Options) -> Job:
         return cls(task=str(task), problem=problem, name=sub.name, path=str(sub.path),
-                   sha256=sub.sha256, options=options.to_dict())
+                   sha256=sub.sha256, options=options)
 
     def submission(self) -> Submission:
         """The file, under the hash the job was made with: what its result is stored and
@@ -42,11 +42,13 @@ class Job:
         return sub
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain data, for a slot process or a Ray task (``from_dict`` on the other side)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)},
+                "options": self.options.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict) -> Job:
-        return cls(**data)
+        return cls(**{**data, "options": Options.from_dict(data["options"])})
 
 
 class Sink(Protocol):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from enum import Enum
 from pathlib import Path
 
@@ -66,6 +66,10 @@ class OptionsError(ValueError):
 
 @dataclass(frozen=True)
 class Options:
+    """The one form of what the user asked, from the command line to a slot (serialised only
+    where it crosses into a slot process or a Ray task). Each option's default is its field's,
+    here and nowhere else."""
+
     device: Device
     out_dir: Path
     cache_dir: Path
@@ -126,22 +130,51 @@ class Options:
     def timed(self) -> bool:
         return self.case_indices is None and not self.untimed
 
+    def reuse_key(self) -> dict:
+        """What a stored result must have been graded under to stand for this run's (besides
+        the same file, problem, kbench and machine software: kbench.results.store.reusable)."""
+        return self._stored(REUSE_KEY)
+
     def resumable(self) -> dict:
-        """What ``--resume`` must repeat besides the seed."""
-        return {"device": self.device.value, "case_indices": self.case_indices,
-                "cuda_arch": self.cuda_arch, "timing": self.timing.value,
-                "untimed": self.untimed, "profile": self.profile.value,
-                "require_custom_kernels": self.require_custom_kernels,
-                "rules": self.rules.value, "atol": self.atol, "rtol": self.rtol,
-                "include_degenerate": self.include_degenerate}
+        """What ``--resume`` must repeat besides the seed: stored with the run."""
+        return self._stored(RESUMED)
+
+    @classmethod
+    def unrecorded(cls) -> dict:
+        """What a run stored with no value for an option was graded under: its default (a
+        kbench from before the option existed did what the default does)."""
+        return {f.name: _plain(f.default) for f in fields(cls) if f.name in RESUMED
+                and f.default is not MISSING}
+
+    def _stored(self, names: tuple[str, ...]) -> dict:
+        data = self.to_dict()
+        return {name: data[name] for name in names}
 
     def to_dict(self) -> dict:
-        data = asdict(self)
-        data.update(device=self.device.value, timing=self.timing.value,
-                    profile=self.profile.value, rules=self.rules.value,
-                    out_dir=str(self.out_dir), cache_dir=str(self.cache_dir))
-        return data
+        """Plain JSON values, for a slot process or a Ray task (``from_dict`` on the other
+        side) and for the store."""
+        return {name: _plain(value) for name, value in asdict(self).items()}
 
     @classmethod
     def from_dict(cls, data: dict) -> Options:
+        """From ``to_dict``, or what a user or a stored run gave: an option left out takes
+        its default."""
         return cls(**data)
+
+
+# A stored result stands for a new one only where these were the same (with the same file,
+# problem, kbench and machine software); --resume repeats them and the rest of RESUMED.
+REUSE_KEY = ("case_indices", "untimed", "timing", "profile", "require_custom_kernels", "rules",
+             "atol", "rtol")
+RESUMED = ("device", "cuda_arch", *REUSE_KEY, "include_degenerate")
+
+
+def _plain(value: object) -> object:
+    return value.value if isinstance(value, Enum) else \
+        str(value) if isinstance(value, Path) else value
+
+
+def default(name: str) -> str:
+    """An option's default as the command line spells it (for its help)."""
+    value = next(f.default for f in fields(Options) if f.name == name)
+    return str(_plain(value))

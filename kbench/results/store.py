@@ -43,6 +43,13 @@ class RunInfo:
     options: dict
 
 
+def _sql(value: object) -> object:
+    """An option's stored value as json_extract gives it back (true: 1, a list: its JSON)."""
+    if isinstance(value, bool):
+        return int(value)
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, list | dict) else value
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -263,35 +270,29 @@ class Store:
                             "json(?)) WHERE id = ?", (json.dumps(problems), run_id))
 
     def reusable(self, sha256: str, task_hash: str, kbench_version: str, fingerprint: str,
-                 timing: str, profile: str, require_custom_kernels: bool = False,
-                 rules: tuple[str, float | None, float | None] = ("kbench", None, None)
-                 ) -> tuple[int, SubmissionResult] | None:
-        """The newest result for the same file, problem (its digest), kbench, machine
-        software, timing mode, profile, custom-kernel policy and correctness rules (whose,
-        atol, rtol), if any.
+                 key: dict, unrecorded: dict) -> tuple[int, SubmissionResult] | None:
+        """The newest result for the same file, problem (its digest), kbench and machine
+        software, graded under the same ``key`` (option name: value, as stored with the run);
+        a run stored with no value for an option counts as graded under ``unrecorded``'s.
 
         Results that kbench, the machine or the problem failed to produce (internal_error,
         environment_error, infrastructure_error, task_error) are never reused, nor correct ones
-        left without a speedup (the reference could not be timed alongside), nor untimed runs'
-        results.
+        left without a speedup (the reference could not be timed alongside).
         """
+        same, values = "", []
+        for name, value in key.items():
+            same += "AND coalesce(json_extract(u.options, ?), ?) IS ? "
+            values += [f"$.{name}", _sql(unrecorded.get(name)), _sql(value)]
         row = self.db.execute(
             "SELECT r.run_id, r.data FROM results r JOIN runs u ON u.id = r.run_id "
             "JOIN problems p ON p.run_id = r.run_id AND p.name = r.problem "
             "WHERE r.sha256 = ? AND p.digest = ? AND u.kbench_version = ? "
             "AND u.fingerprint = ? AND r.status NOT IN (?, ?, ?, ?) AND r.reused_from IS NULL "
-            "AND NOT (r.status = 'ok' AND r.speedup IS NULL) "
-            "AND json_extract(u.options, '$.case_indices') IS NULL "
-            "AND NOT coalesce(json_extract(u.options, '$.untimed'), 0) "
-            "AND json_extract(u.options, '$.timing') = ? "
-            "AND coalesce(json_extract(u.options, '$.profile'), 'full') = ? "
-            "AND coalesce(json_extract(u.options, '$.require_custom_kernels'), 0) = ? "
-            "AND coalesce(json_extract(u.options, '$.rules'), 'kbench') = ? "
-            "AND json_extract(u.options, '$.atol') IS ? AND json_extract(u.options, '$.rtol') IS ? "
+            "AND NOT (r.status = 'ok' AND r.speedup IS NULL) " + same +
             "ORDER BY r.run_id DESC LIMIT 1",
             (sha256, task_hash, kbench_version, fingerprint, Status.INTERNAL_ERROR.value,
              Status.ENVIRONMENT_ERROR.value, Status.INFRASTRUCTURE_ERROR.value,
-             Status.TASK_ERROR.value, timing, profile, int(require_custom_kernels), *rules)
+             Status.TASK_ERROR.value, *values)
         ).fetchone()
         return (row[0], SubmissionResult.from_dict(json.loads(row[1]))) if row else None
 

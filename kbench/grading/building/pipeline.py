@@ -158,7 +158,7 @@ class Pipeline:
             self.watcher.for_task(ctx)
             changed = self.watcher.watch([sub.path], [ctx.logs, build.folder(ctx, sub)])
             built = build.build(ctx, sub, self.environment_problem,
-                                   self.split.cores_per_build(), self.split.build, self.split.nice)
+                                self.split.cores_per_build(), self.split.build, self.split.nice)
             if lines := changed().lines:
                 built = Built(tampered("while building", lines), built.seconds)
             settled[job.path] = built
@@ -195,8 +195,8 @@ class Pipeline:
                 with activity.Log(self.options.cache_dir).record(
                         "build", f"{job.problem}/{job.name}"):  # timings beside it see it
                     built = build.build(ctx, job.submission(), self.environment_problem,
-                                           self.split.cores_per_build(), self.split.build,
-                                           self.split.nice, lock_wait_s=_LOCK_WAIT_S)
+                                        self.split.cores_per_build(), self.split.build,
+                                        self.split.nice, lock_wait_s=_LOCK_WAIT_S)
                 self.say(f"{job.problem}: {job.name} {build.outcome(built)}")
         except build_lock.Busy as busy:  # another kbench process builds it: not a failure
             self.say(f"{job.problem}: {job.name}: {busy}; tried again after the others")

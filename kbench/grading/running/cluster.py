@@ -133,7 +133,7 @@ class _Tier:
         self.graded = self.units = 0
 
     def build(self, job: Job, alone: bool = False) -> Any:
-        options = {**job.options, "cuda_arch": self.arch}  # the grading nodes' architectures
+        options = replace(job.options, cuda_arch=self.arch)  # the grading nodes' architectures
         report, artifact = self.build_task.remote(self.run, replace(job, options=options)
                                                   .to_dict(), self.cores, alone)
         self.pending[report] = ("build", (job, artifact))

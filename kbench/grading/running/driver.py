@@ -111,9 +111,7 @@ def _reuse(left: list[tuple[Entry, Submission]], options: Options, store: Store,
     for entry, sub in left:
         earlier = None if force or not options.timed or entry.task is None else \
             store.reusable(sub.sha256, entry.task.digest, __version__, fingerprint,
-                           options.timing.value, options.profile.value,
-                           options.require_custom_kernels,
-                           (options.rules.value, options.atol, options.rtol))
+                           options.reuse_key(), Options.unrecorded())
         if earlier is None:
             todo.append(Job.make(entry.path, entry.name, sub, options))
             continue

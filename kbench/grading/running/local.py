@@ -193,7 +193,7 @@ class LocalExecutor:
                 sub = next(j for j in jobs if j.path == path).submission()
                 changed = self.watcher.watch([sub.path], [ctx.logs, build.folder(ctx, sub)])
                 b = build.build(ctx, sub, self.environment_problem,
-                                   self.split.cores_per_build())
+                                self.split.cores_per_build())
                 if lines := changed().lines:
                     b = Built(tampered("while building", lines), b.seconds)
             made[path] = b

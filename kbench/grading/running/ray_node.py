@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kbench.grading.jobs import Job
+from kbench.grading.running.units import Event
 from kbench.host import paths
 
 
@@ -77,7 +78,7 @@ class Node:
 
     def job(self, job: Job) -> Job:
         """``job`` as this node grades it: its files here, output and cache this node's."""
-        options = {**job.options, "out_dir": str(self.out), "cache_dir": str(self.cache)}
+        options = replace(job.options, out_dir=self.out, cache_dir=self.cache)
         return replace(job, task=self.path(job.task), path=self.path(job.path), options=options)
 
     def run_files(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -90,12 +91,12 @@ class Node:
         return Where(ray.get_runtime_context().get_node_id(), socket.gethostname(),
                      str(self.cache))
 
-    def back(self, events: Iterable[dict], driver_out: str) -> list[dict]:
+    def back(self, events: Iterable[Event], driver_out: str) -> list[Event]:
         """``events`` with this node's paths put back to the driver's."""
-        text = json.dumps(list(events))
+        text = json.dumps([e.to_dict() for e in events])
         for here, there in ((self.out, driver_out), (self.files, "")):
             text = text.replace(json.dumps(str(here))[1:-1], json.dumps(there)[1:-1])
-        return json.loads(text)
+        return [Event.from_dict(e) for e in json.loads(text)]
 
     def logs(self) -> dict[str, bytes]:
         """What this task wrote to its output folder, by path inside it; the folder goes."""

@@ -64,11 +64,11 @@ def build(run: Bundle, job: dict, cores: int, alone: bool
     node = Node(run)
     driver = Job.from_dict(job)
     local = node.job(driver)
-    toolchain = _toolchain(Options.from_dict(local.options))
+    toolchain = _toolchain(local.options)
     where = node.where()
     try:
-        ctx = Context.for_building(load_task(local.task, local.problem),
-                                   Options.from_dict(local.options), toolchain)
+        ctx = Context.for_building(load_task(local.task, local.problem), local.options,
+                                   toolchain)
     except Exception as exc:  # the grading node loads it again and reports why
         return BuildReport(driver.path, None, where, node.logs(),
                            f"its problem did not load on {where.host} ({exc})"), None
@@ -128,28 +128,30 @@ def grade(run: Bundle, unit: dict, reports: list[BuildReport | None],
     node = Node(run)
     driver = units.Unit.from_dict(unit)
     jobs = [node.job(j) for j in driver.jobs]
-    toolchain = _toolchain(Options.from_dict(jobs[0].options))
+    toolchain = _toolchain(jobs[0].options)
     built: dict[str, Built] = {}
     notes: list[units.Event] = []
     for job, report, artifact in zip(jobs, reports, shipped):
         if report is None or report.built is None:
             if report is not None and report.note:
-                notes.append({"say": f"{job.problem}: {job.name} is built here: {report.note}"})
+                notes.append(units.Event(
+                    say=f"{job.problem}: {job.name} is built here: {report.note}"))
             continue
         if artifact is not None:
-            folder = build_dir(Path(job.options["cache_dir"]), Path(job.path), toolchain)
+            folder = build_dir(job.options.cache_dir, Path(job.path), toolchain)
             why = artifacts.install(artifact, folder, artifacts.key(toolchain, job.sha256),
                                     _INSTALL_WAIT_S)
             if why:
-                notes.append({"say": f"{job.problem}: {job.name}: the build from "
-                                     f"{report.where.host} is not used ({why}); built here"})
+                notes.append(units.Event(say=f"{job.problem}: {job.name}: the build from "
+                                             f"{report.where.host} is not used ({why}); "
+                                             "built here"))
                 continue
         built[job.path] = report.built
     tasks, files = node.run_files()
     events: list[units.Event] = list(notes)
     units.run(replace(driver, jobs=jobs, built=built, cores=None, run_tasks=tasks,
                       run_files=files), events.append)
-    return UnitReport(node.back(events, driver.jobs[0].options["out_dir"]), node.logs(),
+    return UnitReport(node.back(events, str(driver.jobs[0].options.out_dir)), node.logs(),
                       node.where())
 
 

@@ -3,8 +3,9 @@ that sees only its GPU (``CUDA_VISIBLE_DEVICES``), screens its problems, times i
 reference workers and drift check there, and builds with its share of the host's cores. The
 driver hands out units (kbench.grading.running.units) as slots come free and alone writes the store.
 
-A slot process reads one unit per line on stdin and writes one event per line on stdout,
-ending each unit with ``{"done": true}``; whatever else it prints goes to stderr."""
+A slot process reads one unit per line on stdin and writes one event per line on stdout
+(kbench.grading.running.units.Event), ending each unit with ``{"done": true}``; whatever else
+it prints goes to stderr."""
 
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ class SlotsExecutor:
             raise
         for unit, _ in work.left():  # every slot's process failed to start: nothing guessed
             for result in units.lost(unit.jobs, "no slot was left to grade it"):
-                deliver({"result": result.to_dict()}, "driver", unit.number)
+                deliver(units.Event(result=result), "driver", unit.number)
 
     def _serve(self, slot: SlotSpec, cpus: tuple[int, ...], work: _Dispatch,
                outbox: queue.Queue) -> None:
@@ -138,7 +139,8 @@ class SlotsExecutor:
                     try:
                         process = _start(slot, cpus)
                     except OSError as exc:  # this slot cannot run: its unit goes back
-                        outbox.put((slot.name, unit.number, {"say": f"cannot start: {exc}"}))
+                        outbox.put((slot.name, unit.number,
+                                    units.Event(say=f"cannot start: {exc}")))
                         work.put(unit, tries)
                         process = None
                         break
@@ -149,15 +151,15 @@ class SlotsExecutor:
                     break
                 why = f"its slot ({slot.name}) process {_ended(process)}{broke}"
                 if swept := proctree.sweep_abandoned():
-                    outbox.put((slot.name, unit.number, {
-                        "say": f"killed {len(swept)} process(es) its lost slot left"}))
+                    outbox.put((slot.name, unit.number, units.Event(
+                        say=f"killed {len(swept)} process(es) its lost slot left")))
                 if tries < _RETRIES:
-                    outbox.put((slot.name, unit.number, {
-                        "say": f"lost {len(left)} job(s): {why}; queued again"}))
+                    outbox.put((slot.name, unit.number, units.Event(
+                        say=f"lost {len(left)} job(s): {why}; queued again")))
                     work.put(unit.rest(left), tries + 1)
                 else:
                     for result in units.lost(left, why):
-                        outbox.put((slot.name, unit.number, {"result": result.to_dict()}))
+                        outbox.put((slot.name, unit.number, units.Event(result=result)))
         finally:
             if process is not None:
                 with contextlib.suppress(OSError):
@@ -177,13 +179,13 @@ class SlotsExecutor:
             process.stdin.write(json.dumps(unit.to_dict()) + "\n")
             process.stdin.flush()
             for line in process.stdout:
-                event = json.loads(line)
-                if event.get("done"):
+                event = units.Event.from_dict(json.loads(line))
+                if event.done:
                     break
-                if "result" in event:
-                    left.pop(event["result"]["name"], None)
-                elif "defer" in event:
-                    left.pop(event["defer"]["name"], None)
+                if event.result is not None:
+                    left.pop(event.result.name, None)
+                elif event.defer is not None:
+                    left.pop(event.defer.name, None)
                 outbox.put((slot.name, unit.number, event))
         except Exception as exc:  # the process went, or its stream broke: its jobs are left
             broke = f" ({type(exc).__name__}: {str(exc)[:160]})"
@@ -290,12 +292,12 @@ def main(driver: int) -> int:
     sys.stdout = sys.stderr
 
     def emit(event: units.Event) -> None:
-        events.write(json.dumps(event) + "\n")
+        events.write(json.dumps(event.to_dict()) + "\n")
 
     try:
         for line in sys.stdin:
             units.run(units.Unit.from_dict(json.loads(line)), emit)
-            emit({"done": True})
+            emit(units.Event(done=True))
     except interrupt.Interrupted as stopped:
         return 128 + stopped.signum
     return 0

@@ -130,8 +130,8 @@ class Slot:
                 with judge:
                     try:
                         alternating.time_submission(ctx, channel, result, reference, self.pool,
-                                               lambda r: self._round_channel(sub, r, result),
-                                               judge)
+                                                    lambda r: self._round_channel(sub, r, result),
+                                                    judge)
                     finally:
                         result.timed_beside = judge.record()
                 lap("timing")

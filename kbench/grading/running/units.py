@@ -16,9 +16,33 @@ from kbench.grading.running.local import LocalExecutor
 from kbench.results.run_record import ProblemRun, SubmissionResult
 from kbench.results.verdict import Status
 
-# {"problem": ProblemRun dict} | {"result": SubmissionResult dict} | {"say": str}
-# | {"defer": Job dict}: graded again at the end (kbench.grading.building.pipeline says why)
-Event = dict
+
+@dataclass(frozen=True)
+class Event:
+    """What grading a unit hands back, one thing at a time: a problem's record, a result, a
+    line to say, a job to grade again at the end (kbench.grading.building.pipeline says why),
+    or the end of the unit. Crosses into the driver as ``to_dict``'s one key."""
+
+    problem: ProblemRun | None = None
+    result: SubmissionResult | None = None
+    say: str | None = None
+    defer: Job | None = None
+    done: bool = False
+
+    def to_dict(self) -> dict:
+        for name in ("problem", "result", "defer"):
+            if (value := getattr(self, name)) is not None:
+                return {name: value.to_dict()}
+        return {"say": self.say} if self.say is not None else {"done": True}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Event:
+        (name, value), = data.items()
+        typed = {"problem": ProblemRun.from_dict, "result": SubmissionResult.from_dict,
+                 "defer": Job.from_dict}.get(name, lambda v: v)
+        return cls(**{name: typed(value)})
+
+
 Emit = Callable[[Event], None]
 
 
@@ -60,7 +84,7 @@ class Unit:
         return replace(self, jobs=jobs)
 
     def options(self) -> Options:
-        return Options.from_dict({**self.jobs[0].options, "cores": self.cores})
+        return replace(self.jobs[0].options, cores=self.cores)
 
 
 def split(jobs: list[Job], slots: int, environment_problem: str | None,
@@ -94,10 +118,10 @@ class EventSink:
         self.emit = emit
 
     def problem(self, problem: ProblemRun) -> None:
-        self.emit({"problem": problem.to_dict()})
+        self.emit(Event(problem=problem))
 
     def result(self, result: SubmissionResult) -> None:
-        self.emit({"result": result.to_dict()})
+        self.emit(Event(result=result))
 
 
 _executors: dict[str, LocalExecutor] = {}  # per options, in a slot process: toolchain found once
@@ -113,11 +137,11 @@ def run(unit: Unit, emit: Emit) -> None:
         executor.watch_out_dir()
         _executors[key] = executor
     executor = _executors[key]
-    executor.say = lambda line: emit({"say": line})  # this unit's emit (a Ray task has its own)
+    executor.say = lambda line: emit(Event(say=line))  # this unit's emit (a Ray task has its own)
     executor.environment_problem = unit.environment_problem
     executor.watcher.for_run(unit.run_tasks, unit.run_files)
     executor.run(unit.jobs, EventSink(emit), unit.built,
-                 None if unit.final else lambda job: emit({"defer": job.to_dict()}))
+                 None if unit.final else lambda job: emit(Event(defer=job)))
 
 
 class Delivery:
@@ -134,14 +158,14 @@ class Delivery:
         self.deferred: list[Job] = []  # to grade again once the builds are done
 
     def __call__(self, event: Event, where: str, unit: int) -> None:
-        if "defer" in event:
-            self.deferred.append(Job.from_dict(event["defer"]))
-        elif "result" in event:
-            self.sink.result(SubmissionResult.from_dict(event["result"]))
-        elif "problem" in event:
-            self._problem(ProblemRun.from_dict(event["problem"]), unit)
-        elif "say" in event:
-            self.say(f"[{where}] {event['say']}")
+        if event.defer is not None:
+            self.deferred.append(event.defer)
+        elif event.result is not None:
+            self.sink.result(event.result)
+        elif event.problem is not None:
+            self._problem(event.problem, unit)
+        elif event.say is not None:
+            self.say(f"[{where}] {event.say}")
 
     def _problem(self, problem: ProblemRun, unit: int) -> None:
         name = problem.name
