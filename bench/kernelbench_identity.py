@@ -87,7 +87,8 @@ def estimate_needs(paths: dict[str, Path], known: dict[str, float | None]) -> No
         return
     start = time.monotonic()
     with multiprocessing.get_context("spawn").Pool(min(len(todo), os.cpu_count() or 1)) as pool:
-        for name, need in zip(todo, pool.map(_need, [str(paths[n]) for n in todo], chunksize=1)):
+        for name, need in zip(todo, pool.map(_need, [str(paths[n]) for n in todo], chunksize=1),
+                              strict=True):
             known[name] = need
     print(f"memory estimates of {len(todo)} problem(s) in {time.monotonic() - start:.0f} s",
           flush=True)

@@ -86,7 +86,7 @@ def placements(lines: list[str]) -> list[str]:
     """Where each build ran, counted by node, and one line per build."""
     found = [m.groups() for line in lines if (m := WHERE.match(line.strip()))]
     per_node = Counter(f"{host} node {node}" for _, _, host, node in found)
-    return [f"builds per node: " + ", ".join(f"{k}: {v}" for k, v in per_node.items())] + \
+    return ["builds per node: " + ", ".join(f"{k}: {v}" for k, v in per_node.items())] + \
         [f"  {sub}: {what} on {host} (node {node})" for sub, what, host, node in found]
 
 
@@ -125,7 +125,6 @@ def main() -> int:
     for folder in ("cache-head", "cache-build", "cache-driver"):
         shutil.rmtree(work / folder, ignore_errors=True)
     import torch
-
     from ray._private.services import get_node_ip_address
 
     gpus, address = torch.cuda.device_count(), f"{get_node_ip_address()}:6390"

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, by_name, grade, quick_task
 
 ray = pytest.importorskip("ray", reason="the Ray extra: pip install -e '.[ray]'")

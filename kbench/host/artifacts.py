@@ -1,5 +1,5 @@
-"""A build folder's loadable outputs as bytes that travel (kbench.grading.running.cluster): built on one
-node, checked and unpacked into the grading node's own build folder, never a shared one.
+"""A build folder's loadable outputs as bytes that travel (kbench.grading.running.cluster): built
+on one node, checked and unpacked into the grading node's own build folder, never a shared one.
 
 What travels is the libraries the build's ``load_inline`` calls produced, with the manifest
 that maps each call to its library (kbench.shared.manifest), as a tar, its sha256, and the key

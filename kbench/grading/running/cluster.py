@@ -21,10 +21,10 @@ from dataclasses import replace
 from typing import Any
 
 from kbench.grading.building import build as building
-from kbench.grading.running import ray_node, ray_tasks, units
 from kbench.grading.context import Say
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Device, Options, OptionsError
+from kbench.grading.running import ray_node, ray_tasks, units
 
 RETRIES = 2  # Ray's own retries of a task whose worker died, before infrastructure_error
 BUILD_RESOURCE = "kbench_build"  # offered by a node: builds go only to such nodes

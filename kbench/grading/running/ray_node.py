@@ -1,5 +1,5 @@
-"""What a Ray node does for kbench.grading.running.cluster, with nothing shared but kbench installed:
-the run's files arrive as a bundle and are laid out under the node's own cache (its
+"""What a Ray node does for kbench.grading.running.cluster, with nothing shared but kbench
+installed: the run's files arrive as a bundle and are laid out under the node's own cache (its
 KBENCH_CACHE_DIR, or the default), each task writes its logs in a folder of its own there and
 hands them back with its answer, and every path in what it hands back is the driver's again."""
 

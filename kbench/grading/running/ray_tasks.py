@@ -96,9 +96,9 @@ def build(run: Bundle, job: dict, cores: int, alone: bool
 
 def _watched(node: Node, ctx: Context, job: Job, cores: int) -> tuple[Built, list[str]]:
     """The build, with a window over kbench's code and the run's files, as the host's pipeline
-    keeps one (kbench.grading.building.pipeline): the build folders of every build of this run started
-    on this node are left out (they fill them), any other change counts. Grading windows on
-    this node meanwhile see builds beside them (BuildMark)."""
+    keeps one (kbench.grading.building.pipeline): the build folders of every build of this run
+    started on this node are left out (they fill them), any other change counts. Grading
+    windows on this node meanwhile see builds beside them (BuildMark)."""
     sub = job.submission()
     folder = building.folder(ctx, sub)
     started = node.root / "building"
@@ -131,7 +131,7 @@ def grade(run: Bundle, unit: dict, reports: list[BuildReport | None],
     toolchain = _toolchain(jobs[0].options)
     built: dict[str, Built] = {}
     notes: list[units.Event] = []
-    for job, report, artifact in zip(jobs, reports, shipped):
+    for job, report, artifact in zip(jobs, reports, shipped, strict=True):
         if report is None or report.built is None:
             if report is not None and report.note:
                 notes.append(units.Event(
