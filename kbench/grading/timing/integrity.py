@@ -37,13 +37,13 @@ _MAX_COPY_SHARE = 1.5
 # submission's median says fill _CLOCKED_MS (within 1 and _CLOCKED_MAX_CALLS), so the round
 # trip's noise is small beside it. The submission's median time plus its host dispatch time
 # must explain that pass's time per call, within this share of the median plus this many ms
-# (wider on a CPU, where a pass of warm calls and the cold timed ones differ more). Where the best pass fails, as many passes again
-# are timed and the best of all counts: an honest kernel's excess varies from pass set to pass
-# set (on an H200 at 32768x65535, 4.4 ms a call, one set of 48 went 7 % past the slack with
-# two GPUs busy), a kernel hiding work fails every pass. On a disturbed host (other processes
-# on the cores, kbench's own builds beside it) up to _DISTURBED_ROUNDS sets are timed: a pass
-# only gains time from load, so the more passes, the likelier one ran undisturbed, while a
-# kernel hiding work fails every one of them too.
+# (wider on a CPU, where a pass of warm calls and the cold timed ones differ more). Where the
+# best pass fails, as many passes again are timed and the best of all counts: an honest
+# kernel's excess varies from pass set to pass set (on an H200 at 32768x65535, 4.4 ms a call,
+# one set of 48 went 7 % past the slack with two GPUs busy), a kernel hiding work fails every
+# pass. On a disturbed host (other processes on the cores, kbench's own builds beside it) up to
+# _DISTURBED_ROUNDS sets are timed: a pass only gains time from load, so the more passes, the
+# likelier one ran undisturbed, while a kernel hiding work fails every one of them too.
 _CLOCKED_PASSES = 3
 _CLOCKED_ROUNDS = 2
 _DISTURBED_ROUNDS = 8
