@@ -31,7 +31,8 @@ export KBENCH_CACHE_DIR=${KBENCH_CACHE_DIR:-/tmp/kbc} PYTHONUNBUFFERED=1
 WHEELS=/tmp/whl43 DSL=/tmp/dsl KBID=/tmp/kbid
 START=$(date +%s)
 
-left() { echo $((LIMIT_S - ($(date +%s) - START))); }
+# Seconds left of LIMIT_S, less $1, at least 1 (timeout 0 would mean no limit at all).
+left() { local n=$((LIMIT_S - ($(date +%s) - START) - ${1:-0})); echo $((n > 1 ? n : 1)); }
 
 pack() {  # here, with network: the DSL wheels for cp312 manylinux x86_64, as parts of 55 MiB
     local tmp=/tmp/pack43 platforms=""
@@ -110,7 +111,7 @@ kb() {  # KernelBench levels 1-3, own sizes; the verdicts so far in $KBID/identi
     local out="$KBID/out-$(date +%s)"
     python3 bench/kernelbench_identity.py .kbprob --levels 1 2 3 --device cuda --own-sizes \
         --shards "${KB_SHARDS:-6}" --batch "${KB_BATCH:-10}" \
-        --deadline-s "$(($(left) - 60))" --results "$KBID/identity.json" --out "$out"
+        --deadline-s "$(left 60)" --results "$KBID/identity.json" --out "$out"
     cp "$KBID/identity.json" "$OUT/kb.json"
     tar -czf "$OUT/kb.tgz" -C "$out" --exclude='*.sqlite*' --exclude=index.html . 2>/dev/null
 }
@@ -118,7 +119,7 @@ kb() {  # KernelBench levels 1-3, own sizes; the verdicts so far in $KBID/identi
 gpu_tests() {  # pytest on tests/test_gpu.py, tests named by -k "$2"; the reports in $OUT/$1.tgz
     local base=/tmp/pt-$1
     rm -rf "$base"
-    timeout -s INT -k 30 "$(($(left) - 10))" python3 -m pytest -m gpu tests/test_gpu.py -v -s -rA \
+    timeout -s INT -k 30 "$(left 10)" python3 -m pytest -m gpu tests/test_gpu.py -v -s -rA \
         --durations=0 -p no:cacheprovider --basetemp="$base" -k "$2" --junitxml="$OUT/$1.xml"
     local code=$?
     (cd "$base" 2>/dev/null && find . \( -name results.json -o -name leaderboard.md \) -print0 \

@@ -179,7 +179,7 @@ class Scheduler:
                       for k in range(count)]
         total = gpu_gib() if args.device == "cuda" else None
         self.budget = _GPU_SHARE * total if total else float("inf")
-        self.begun = time.monotonic()
+        self.begun = args.begun  # the command's start: the deadline counts from there
         self.count = 0
 
     def left_s(self) -> float:
@@ -331,7 +331,9 @@ def main() -> int:
     parser.add_argument("--results", type=Path, help="the verdicts so far (JSON), read and "
                         "added to (default: OUT/identity.json)")
     parser.add_argument("--out", type=Path, default=Path("kernelbench-identity"))
+    begun = time.monotonic()
     args = parser.parse_args()
+    args.begun = begun
     problems = args.checkout / "KernelBench"
     if not problems.is_dir():
         problems = args.checkout

@@ -216,15 +216,15 @@ class Sandbox:
         while the reference is timed, none can run, signal it or compete for the host. Stopped
         in rounds until no new one shows up (a process may fork as it is listed); strays are
         found by the mark in their environment and, for one that cleared it, as children this
-        process adopted since the worker started, outside kbench's own session (never
-        another worker's or kbench's own: kbench.host.proctree.strays). Not
+        process adopted since the worker started, outside kbench's own session (never what
+        kbench started itself: kbench.host.proctree.strays). Not
         left before every thread of each is seen stopped (a thread still running could stop
         the reference after it was continued)."""
         stopped: dict[int, psutil.Process] = {}
         try:
             for _ in range(5):
                 new = [p for p in self._tree() + proctree.marked(self.mark)
-                       + proctree.strays(self.started, _OWN, self.mark) if p.pid not in stopped]
+                       + proctree.strays(self.started, _OWN) if p.pid not in stopped]
                 if not new:
                     break
                 for proc in new:

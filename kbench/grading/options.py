@@ -6,28 +6,19 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from enum import Enum
 from pathlib import Path
 
+from kbench.results.modes import (
+    DEFAULT_PROFILE,
+    DEFAULT_RULES,
+    DEFAULT_TIMING,
+    Profile,
+    Rules,
+    TimingMode,
+)
+
 
 class Device(str, Enum):
     CPU = "cpu"
     CUDA = "cuda"
-
-
-class TimingMode(str, Enum):
-    EAGER = "eager"  # one call per sample, launch costs included
-    GRAPH = "graph"  # CUDA-graph replays of many calls (kbench.worker.timing)
-
-
-class Rules(str, Enum):
-    """Whose correctness rules decide the verdict that ranks (both are reported for
-    KernelBench problem files; kbench.grading.checking.kernelbench_rules)."""
-
-    KBENCH = "kbench"  # many sizes and draws, float64 truth, cheat checks
-    KERNELBENCH = "kernelbench"  # the problem's own sizes and seeds, allclose, 5 trials
-
-
-class Profile(str, Enum):
-    FULL = "full"  # every round and sample the task asks for, and the torch.compile baseline
-    QUICK = "quick"  # for screening thousands: fewer rounds, samples and fresh processes
 
 
 @dataclass(frozen=True)
@@ -68,7 +59,7 @@ class OptionsError(ValueError):
 class Options:
     """The one form of what the user asked, from the command line to a slot (serialised only
     where it crosses into a slot process or a Ray task). Each option's default is its field's,
-    here and nowhere else."""
+    here and nowhere else (the modes' in kbench.results.modes, where stored runs read them)."""
 
     device: Device
     out_dir: Path
@@ -77,12 +68,12 @@ class Options:
     seed: int
     case_indices: list[int] | None = None  # only these cases, and no timing
     cuda_arch: str | None = None
-    timing: TimingMode = TimingMode.EAGER
+    timing: TimingMode = DEFAULT_TIMING
     untimed: bool = False  # correctness only (--no-timing)
     cores: int | None = None  # host cores this process's builds share (None: all of them)
-    profile: Profile = Profile.FULL
+    profile: Profile = DEFAULT_PROFILE
     require_custom_kernels: bool = False  # flag what runs mostly library kernels (CUDA)
-    rules: Rules = Rules.KBENCH
+    rules: Rules = DEFAULT_RULES
     # The tolerance under KernelBench's rules (None: KernelBench's own for the dtype).
     atol: float | None = None
     rtol: float | None = None

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import platform
+import shutil
 import sys
 import tarfile
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,8 +55,8 @@ def pack(folder: Path, build_key: dict[str, str]) -> Artifact | None:
     """The folder's recorded libraries; None where nothing was recorded (nothing to load:
     the grading node imports the file as it is) or a library was built unrecorded."""
     calls = manifest.read(folder / manifest.MANIFEST)
-    files = {entry["file"] for entry in calls.values()}
-    if not calls or unrecorded(folder):
+    files = {_inside(folder, entry) for entry in calls.values()}
+    if not calls or None in files or unrecorded(folder):
         return None
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -63,10 +66,23 @@ def pack(folder: Path, build_key: dict[str, str]) -> Artifact | None:
     return Artifact(build_key, hashlib.sha256(data).hexdigest(), data)
 
 
+def _inside(folder: Path, entry: object) -> str | None:
+    """A manifest entry's library, where it names a regular file inside ``folder``: the
+    manifest is written in the submission's process, and the trusted side reads only what
+    lies in the build folder."""
+    name = entry.get("file") if isinstance(entry, dict) else None
+    if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
+        return None
+    path = folder / name
+    return name if path.is_file() and not path.is_symlink() else None
+
+
 def install(artifact: Artifact, folder: Path, build_key: dict[str, str], wait_s: float
             ) -> str:
     """Unpack ``artifact`` into ``folder`` (this node's own build folder for the file) under
-    its build lock; "" once done, else why not (then the file is built here)."""
+    its build lock; "" once done, else why not (then the file is built here). Each file
+    replaces the one there (a new inode, never rewritten in place: another worker of this
+    node may have the old library loaded)."""
     differs = sorted(k for k in set(artifact.key) | set(build_key)
                      if artifact.key.get(k) != build_key.get(k))
     if differs:
@@ -74,20 +90,31 @@ def install(artifact: Artifact, folder: Path, build_key: dict[str, str], wait_s:
             f"{k} ({artifact.key.get(k)} there, {build_key.get(k)} here)" for k in differs)
     if hashlib.sha256(artifact.data).hexdigest() != artifact.sha256:
         return "its bytes do not match the sum sent with them"
-    with build_lock.held(folder, wait_s):
-        with tarfile.open(fileobj=io.BytesIO(artifact.data)) as tar:
+    try:
+        with build_lock.held(folder, wait_s), \
+                tarfile.open(fileobj=io.BytesIO(artifact.data)) as tar:
             members = tar.getmembers()
             if any(not m.isfile() or Path(m.name).is_absolute() or ".." in Path(m.name).parts
                    for m in members):
                 return "it holds something other than files inside its folder"
-            tar.extractall(folder, members=members)
-        (folder / SHIPPED).write_text(artifact.sha256)
+            with tempfile.TemporaryDirectory(dir=folder, prefix=".unpack-") as tmp:
+                for member in members:
+                    target = folder / member.name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    staged = Path(tmp) / hashlib.sha256(member.name.encode()).hexdigest()
+                    with tar.extractfile(member) as src, open(staged, "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+                    staged.chmod(member.mode & 0o777)
+                    os.replace(staged, target)
+            (folder / SHIPPED).write_text(artifact.sha256)
+    except (build_lock.Busy, OSError, tarfile.TarError) as exc:
+        return f"not unpacked ({type(exc).__name__}: {exc})"
     return ""
 
 
 def unrecorded(folder: Path) -> list[str]:
     """The libraries in ``folder`` that no recorded load_inline call produced."""
-    files = {entry["file"] for entry in manifest.read(folder / manifest.MANIFEST).values()}
+    files = {_inside(folder, e) for e in manifest.read(folder / manifest.MANIFEST).values()}
     return sorted(name for p in folder.rglob("*") if p.suffix in _LIBRARIES
                   if (name := str(p.relative_to(folder))) not in files)
 

@@ -83,33 +83,22 @@ def stopped(pid: int) -> bool:
     return True
 
 
-def strays(since: float, own: set[int], mark: str) -> list[psutil.Process]:
+def strays(since: float, own: set[int]) -> list[psutil.Process]:
     """This process's children started at ``since`` or later (psutil's create_time, which
     counts in clock ticks from boot, not time.time()) that are not in ``own`` and still run,
-    confined to what the worker with ``mark`` can have left: orphans adopted here (kbench is
-    its workers' child subreaper) that carry its mark, or that carry none and run outside
-    this process's session. A worker starts its own session and no process can join another,
-    so a child in kbench's session is one kbench started itself (a compiler, nvidia-smi), and
-    one with another worker's mark is that worker's."""
+    outside this process's session: orphans adopted here (kbench is its workers' child
+    subreaper), whatever their environment says (a mark there is the submission's to forge).
+    A worker starts a session of its own and no process can join another, so a child in
+    kbench's session is one kbench started itself (a compiler, nvidia-smi) and stays running;
+    another worker's orphan is stopped too, which only delays it."""
     found = []
     session = os.getsid(0)
     for child in psutil.Process().children():
         with contextlib.suppress(psutil.Error, OSError):
-            if child.pid in own or child.create_time() < since or \
-                    child.status() == psutil.STATUS_ZOMBIE:
-                continue
-            theirs = _mark_of(child)
-            if theirs == mark or (theirs is None and os.getsid(child.pid) != session):
+            if child.pid not in own and child.create_time() >= since and \
+                    child.status() != psutil.STATUS_ZOMBIE and os.getsid(child.pid) != session:
                 found.append(child)
     return found
-
-
-def _mark_of(proc: psutil.Process) -> str | None:
-    """The worker mark in ``proc``'s environment; None where it has none or cannot be read."""
-    try:
-        return proc.environ().get(MARK)
-    except psutil.Error:
-        return None
 
 
 def adopt_orphans() -> None:

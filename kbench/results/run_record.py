@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from kbench.results.modes import DEFAULT_PROFILE, DEFAULT_RULES, DEFAULT_TIMING, TimingMode
 from kbench.results.verdict import Status
 
 LAUNCH_BOUND_MS = 0.05  # below this, an eager figure is mostly launch overhead
@@ -212,9 +213,9 @@ class RunResult:
     submissions: list[SubmissionResult]
     notes: list[str] = field(default_factory=list)
     run_id: int | None = None  # in the results store
-    timing_mode: str = "eager"  # or "graph": CUDA-graph replays, launch overhead left out
-    profile: str = "full"  # or "quick" (kbench.grading.options.Rigour): every figure's
-    rules: str = "kbench"  # whose rules ``status`` follows: or "kernelbench"
+    timing_mode: str = DEFAULT_TIMING.value  # or graph: CUDA-graph replays, no launch overhead
+    profile: str = DEFAULT_PROFILE.value  # or quick: less timing evidence per figure
+    rules: str = DEFAULT_RULES.value  # whose rules ``status`` follows (kbench.results.modes)
     include_degenerate: bool = False  # degenerate problems count in fast_p and the geomean
 
     @property
@@ -239,7 +240,7 @@ class RunResult:
         """The problem's sizes (as params_text) whose eager reference took under
         LAUNCH_BOUND_MS on a GPU: figures there are mostly launch overhead (the report marks
         them, `kbench compare` judges them with a wider noise floor)."""
-        if self.timing_mode != "eager" or self.environment.get("device") != "cuda":
+        if self.timing_mode != TimingMode.EAGER or self.environment.get("device") != "cuda":
             return set()
         return {params_text(b.params) for b in problem.reference
                 if b.reference is not None and b.reference.ms < LAUNCH_BOUND_MS}
@@ -259,8 +260,9 @@ class RunResult:
         notes = [n for n in data.get("notes", []) if n not in own]
         return cls(data["kbench_version"], data["task"], data["seed"], data["started"],
                    data["environment"], problems, subs, list(notes), data.get("run_id"),
-                   data.get("timing_mode", "eager"), data.get("profile", "full"),
-                   data.get("rules", "kbench"),
+                   data.get("timing_mode", DEFAULT_TIMING.value),
+                   data.get("profile", DEFAULT_PROFILE.value),
+                   data.get("rules", DEFAULT_RULES.value),
                    data.get("include_degenerate", False))
 
     def to_dict(self) -> dict:

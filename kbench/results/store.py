@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kbench.results import store_schema
+from kbench.results.modes import DEFAULT_PROFILE, DEFAULT_RULES, DEFAULT_TIMING
 from kbench.results.presence import Presence
 from kbench.results.run_record import ProblemRun, RunResult, SubmissionResult
 from kbench.results.verdict import Status
@@ -311,9 +312,9 @@ class Store:
         return RunResult(kbench_version=row[0], task=row[1], seed=row[2], started=row[3],
                          environment=json.loads(row[4]), problems=problems, submissions=subs,
                          notes=json.loads(row[5]), run_id=run_id,
-                         timing_mode=json.loads(row[6]).get("timing", "eager"),
-                         profile=json.loads(row[6]).get("profile", "full"),
-                         rules=json.loads(row[6]).get("rules", "kbench"),
+                         timing_mode=json.loads(row[6]).get("timing", DEFAULT_TIMING.value),
+                         profile=json.loads(row[6]).get("profile", DEFAULT_PROFILE.value),
+                         rules=json.loads(row[6]).get("rules", DEFAULT_RULES.value),
                          include_degenerate=json.loads(row[6]).get("include_degenerate",
                                                                    False))
 

@@ -65,8 +65,12 @@ class RayExecutor:
             raise OptionsError(f"--executor ray: the cluster has no {'GPU' if gpu else 'CPU'}"
                                + (f" on a node offering {GRADE_RESOURCE}"
                                   if GRADE_RESOURCE in offered else ""))
-        cores = max(1, min(BUILD_CORES, int(max(
-            (_offers(n, "CPU", BUILD_RESOURCE, offered) for n in nodes), default=1))))
+        most = int(max((_offers(n, "CPU", BUILD_RESOURCE, offered) for n in nodes), default=0))
+        if most < 1:  # builds would wait for a CPU forever
+            raise OptionsError("--executor ray: no node offers a CPU to build on"
+                               + (f" among those offering {BUILD_RESOURCE}"
+                                  if BUILD_RESOURCE in offered else ""))
+        cores = min(BUILD_CORES, most)
         self.build_resources = _placed({"num_cpus": cores}, BUILD_RESOURCE, offered)
         self.environment_problem: str | None = None
         self.arch_list: str | None = options.cuda_arch
@@ -78,7 +82,8 @@ class RayExecutor:
         describe = self.ray.remote(ray_tasks.describe).options(**self.resources)
         env = self.ray.get(describe.remote(self.options.to_dict()))
         self.environment_problem = env.pop("environment_problem")
-        self.arch_list = self.arch_list or env.pop("arch_list")
+        found = env.pop("arch_list")  # not part of the machine's record
+        self.arch_list = self.arch_list or found
         kind = "GPU" if "num_gpus" in self.resources else "CPU"
         where = "nodes with kbench_build" if BUILD_RESOURCE in self.build_resources.get(
             "resources", {}) else "any node"
@@ -202,7 +207,7 @@ class _Tier:
         self._progress()
 
     def _progress(self) -> None:
-        self.say(f"ray: builds {sum(1 for r, _ in self.reports.values() if r)}/{self.total} "
+        self.say(f"ray: builds {len(self.reports)}/{self.total} "
                  f"back, units graded {self.graded}/{self.units} sent "
                  f"({len(self.waiting)} waiting for builds)")
 

@@ -79,10 +79,11 @@ class LocalExecutor:
 
     def run(self, jobs: list[Job], sink: Sink, built: dict[str, Built] | None = None,
             defer: Callable[[Job], None] | None = None) -> None:
-        """Grade ``jobs``. ``built``: what the driver's pipeline built for them (a slot's
-        unit, kbench.grading.running.slots), and ``defer`` where a job goes whose grading saw
-        kbench's files change beside those builds (the driver grades it again at the end); without
-        them, a pipeline here builds the jobs first."""
+        """Grade ``jobs``. ``built``: what was built for them elsewhere (the driver's pipeline
+        for a slot's unit, kbench.grading.running.slots; Ray build nodes, ray_tasks), and
+        ``defer`` where a job goes whose grading saw kbench's files change beside those builds
+        (the driver grades it again at the end); without them, a pipeline here builds the jobs
+        first."""
         self.watcher.for_run([job.task for job in jobs], [job.path for job in jobs])
         if built is not None:
             self._problems(jobs, sink, lambda group: {j.path: built.get(j.path) for j in group},

@@ -58,8 +58,8 @@ class Unit:
     # The whole run's problem and submission files: watched here too (Watcher.for_run).
     run_tasks: tuple[str, ...] = ()
     run_files: tuple[str, ...] = ()
-    # Its jobs' builds, by path, where the driver's pipeline made them
-    # (kbench.grading.running.slots); None: the slot builds them itself (a Ray task).
+    # Its jobs' builds, by path: the driver's pipeline's (kbench.grading.running.slots) or what
+    # a Ray node unpacked from build nodes (ray_tasks); a job missing is built where graded.
     built: dict[str, Built] | None = None
     final: bool = False  # graded after every build: nothing is deferred again
 
@@ -124,7 +124,9 @@ class EventSink:
         self.emit(Event(result=result))
 
 
-_executors: dict[str, LocalExecutor] = {}  # per options, in a slot process: toolchain found once
+# The last options' executor: a slot process grades every unit under the same options (the
+# toolchain found once); each Ray task has an output folder of its own, so only one is kept.
+_executors: dict[str, LocalExecutor] = {}
 
 
 def run(unit: Unit, emit: Emit) -> None:
@@ -132,6 +134,7 @@ def run(unit: Unit, emit: Emit) -> None:
     options = unit.options()
     key = repr(options)
     if key not in _executors:
+        _executors.clear()
         executor = LocalExecutor(options, pin=False)
         executor.note_unwatched = False  # the driver says it once for all slots
         executor.watch_out_dir()

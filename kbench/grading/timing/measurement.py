@@ -56,7 +56,8 @@ def summarise(rounds: list[Samples], nbytes: int | None) -> Measurement:
 
 
 def _lower_quartile(values: list[float]) -> float:
-    return statistics.quantiles(values, n=4)[0] if len(values) > 1 else values[0]
+    return statistics.quantiles(values, n=4, method="inclusive")[0] if len(values) > 1 \
+        else values[0]
 
 
 def _number(value: object) -> bool:
