@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,10 @@ import yaml
 from kbench.cli import commands as cli
 from kbench.host import paths
 from kbench.host.toolchain import find_toolchain
+
+# Ray, once initialised in the test process (tests/test_ray_tier.py), would replace
+# builtins.print for the rest of the session (what kbench's own Ray driver turns off too).
+os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
