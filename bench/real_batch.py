@@ -476,6 +476,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--json", type=Path, help="every figure, rewritten as it goes")
     parser.add_argument("--timeout", type=float, help="stop each tool after S seconds and count "
                         "what it stored (kbench: finish later with -- --resume)")
+    parser.add_argument("--deadline-s", type=float, help="stop whatever tool runs this many "
+                        "seconds after the start (with --timeout, the earlier of the two)")
     parser.add_argument("--layout-only", action="store_true", help="lay out and count only")
     args = parser.parse_args(argv[:cut])
     if not args.layout_only and args.out is None:
@@ -484,6 +486,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    # A SIGTERM (a lent machine's time limit) unwinds: the running tool's group is killed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args, options = parse(sys.argv[1:] if argv is None else argv)
     samples, census = read_leaderboard(args.leaderboard, args.levels, args.first)
     work, runs, lock = args.work.resolve(), [], threading.Lock()
@@ -517,6 +522,9 @@ def main(argv: list[str] | None = None) -> int:
     for index, tool in enumerate([kbench_run] + ([kb_run] if args.kernelbench else [])):
         if index:
             runs.append(Figures("KernelBench", runs[0].slots))
+        if args.deadline_s is not None:  # never 0: a timeout of 0 would stop nothing
+            left = max(1.0, args.deadline_s - (time.monotonic() - started))
+            args.timeout = min(args.timeout or left, left)
         sampler = Sampler(save)
         sampler.start()
         try:

@@ -171,9 +171,13 @@ def main() -> int:
                         help="busy processes under load (default: twice the cores)")
     parser.add_argument("--kind", default="spin", help="spin, cc or nvcc")
     parser.add_argument("--nice", type=int, default=0, help="of the busy processes")
+    parser.add_argument("--phases", default="idle,load", type=lambda v: v.split(","),
+                        help="which of idle and load each run grades (default both)")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
+    if not args.phases or not set(args.phases) <= {"idle", "load"}:
+        parser.error(f"--phases {','.join(args.phases)}: idle, load or idle,load")
     args.kbench = argv[cut + 1:]  # for kbench grade
     paths = [str(Path(p).resolve()) for p in args.paths] or [str(p) for p in CPU_DEFAULT]
     seen: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
@@ -183,7 +187,7 @@ def main() -> int:
             cpu_task(scratch_dir) if args.device == "cpu" else None
         for run in range(args.runs):
             seed = secrets.randbits(31)
-            for phase in ("idle", "load"):
+            for phase in args.phases:
                 with busy(args.busy if phase == "load" else 0, args.kind, args.nice):
                     subs = grade(paths, args, scratch_dir / "out", scratch_dir / "cache",
                                  seed, task)

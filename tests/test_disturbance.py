@@ -172,11 +172,12 @@ def test_under_busy_loops_on_every_core_the_honest_is_ok_and_the_forged_flagged(
     assert board.count("timed on a disturbed host (") == 2, board
 
 
-def _clock(monkeypatch, passes: list[tuple[float, float]], disturbed: bool
-           ) -> tuple[Benchmark, list]:
+def _clock(monkeypatch, passes: list[tuple[float, float]], disturbed: bool,
+           kbench_empty: list[float] = ()) -> tuple[Benchmark, list]:
     """kbench's clock over passes whose round trips (without and with the calls, ms per call
     of the pass) are ``passes`` in order, for a submission whose stopwatch says 1 ms a call on
-    a CPU; the passes left untimed."""
+    a CPU, with empty trips of ``kbench_empty`` ms per call timed by kbench's process; the
+    passes left untimed."""
     from types import SimpleNamespace
 
     import torch
@@ -190,7 +191,8 @@ def _clock(monkeypatch, passes: list[tuple[float, float]], disturbed: bool
                           device=torch.device("cpu"))
     bench = Benchmark(params={"rows": 8}, dtype="float32",
                       candidate=Measurement(ms=1.0, ci=[0.99, 1.01], samples=50))
-    integrity.trusted_clock(ctx, None, bench, lambda: disturbed)
+    integrity.trusted_clock(ctx, None, bench, lambda: disturbed,
+                            lambda calls: [ms * calls / 1e3 for ms in kbench_empty])
     return bench, left
 
 
@@ -210,3 +212,17 @@ def test_the_clock_times_more_passes_on_a_disturbed_host_and_a_forgery_fails_the
     forged = [(0.1, 3.1), (2.6, 3.1), (0.1, 3.3)] * 14
     with pytest.raises(TimingFlag, match="in 24 passes"):
         _clock(monkeypatch, forged, disturbed=True)
+
+
+def test_the_clock_subtracts_empty_trips_no_slower_than_kbench_s_own(monkeypatch):
+    # A worker forged to say 1 ms a call (2.5 allowed) for calls of 3 ms, which also slows its
+    # own empty trips by 0.9 ms a call: against its own empty trips alone the difference, 2.1
+    # ms, would pass; kbench's process answers the same empty pass in 0.1 ms a call.
+    forged = [(1.0, 3.1)] * 6
+    bench, _ = _clock(monkeypatch, forged, disturbed=False)
+    assert bench.candidate.trusted_ms == pytest.approx(2.1)
+    with pytest.raises(TimingFlag, match="kbench's own clock took 3 ms"):
+        _clock(monkeypatch, forged, disturbed=False, kbench_empty=[0.1, 0.2, 0.1])
+    # An honest worker's empty trips are as short as kbench's: nothing changes for it.
+    bench, _ = _clock(monkeypatch, [(0.1, 1.2)] * 6, disturbed=False, kbench_empty=[0.1] * 3)
+    assert bench.candidate.trusted_ms == pytest.approx(1.1)

@@ -114,6 +114,7 @@ def test_patched_and_tampered_clocks(tmp_path, cache_dir):
                                    "limits.host_memory_gib": 16})
     code, results = grade([str(FIXTURES / "cpu" / "l2norm_patches_timer.py"),
                            str(FIXTURES / "cpu_timing" / "l2norm_tampers_stopwatch.py"),
+                           str(FIXTURES / "cpu_timing" / "l2norm_pads_empty_pass.py"),
                            str(FIXTURES / "cpu" / "l2norm_torch_ok.py"),
                            "--task", str(task)], tmp_path / "out", cache_dir)
     subs = by_name(results)
@@ -122,6 +123,10 @@ def test_patched_and_tampered_clocks(tmp_path, cache_dir):
     assert code == 0 and patched["status"] == twin["status"] == "ok", patched["reason"]
     assert patched["speedup"] <= 1.1 * twin["speedup"]
     assert forged["status"] == "flagged", forged["reason"]
+    # Its clock's empty pass padded too: kbench's process times empty passes as well.
+    padded = subs["l2norm_pads_empty_pass"]
+    assert padded["status"] == "flagged" and "kbench's own clock" in padded["reason"], \
+        padded["reason"]
     honest = twin["benchmarks"][0]["candidate"]
     assert honest["trusted_ms"] <= 1.15 * honest["ms"] + honest["host_ms"] + 0.1
 

@@ -44,7 +44,7 @@ _MAX_COPY_SHARE = 1.5
 # pass. On a disturbed host (other processes on the cores, kbench's own builds beside it) up to
 # _DISTURBED_ROUNDS sets are timed: a pass only gains time from load, so the more passes, the
 # likelier one ran undisturbed, while a kernel hiding work fails every one of them too.
-_CLOCKED_PASSES = 3
+CLOCKED_PASSES = 3
 _CLOCKED_ROUNDS = 2
 _DISTURBED_ROUNDS = 8
 _CLOCKED_MS = 20.0
@@ -109,18 +109,20 @@ def verify(ctx: Context, channel: Channel, params: Params, kept: list[int]) -> N
 
 
 def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
-                  disturbed: Callable[[], bool] = lambda: False) -> None:
+                  disturbed: Callable[[], bool] = lambda: False,
+                  kbench_empty: Callable[[int], list[float]] = lambda calls: []) -> None:
     """Time calls on kbench's own clock, where the worker cannot reach: passes of calls back
     to back on fresh input sets (see kbench.worker.kept.clocked), each call followed by a
     device-wide synchronisation, no hold, no flush, as one request whose round trip is timed
     here, and the same request with no call in it. The shortest trip with the calls less the
     shortest without, per call (over a second set of passes where the first set fails), must
-    be explained by the submission's
-    median plus its host dispatch time; work hidden from the stopwatch, or a stopwatch
-    tampered with in the worker, shows up as the difference: flagged. The passes' outputs are
-    verified too. Where the sets fail while ``disturbed()`` says the host is disturbed, more
-    sets are timed (_DISTURBED_ROUNDS in all). Eager mode only: a graph replay's figures leave
-    out the per-call dispatch that such a pass includes."""
+    be explained by the submission's median plus its host dispatch time; work hidden from the
+    stopwatch, or a stopwatch tampered with in the worker, shows up as the difference: flagged.
+    The trips without calls include ``kbench_empty(calls)``'s, timed in a process of kbench's
+    (the reference's): a worker slowing its own empty trips cannot shorten the difference.
+    The passes' outputs are verified too. Where the sets fail while ``disturbed()`` says the
+    host is disturbed, more sets are timed (_DISTURBED_ROUNDS in all). Eager mode only: a
+    graph replay's figures leave out the per-call dispatch that such a pass includes."""
     if ctx.options.timing is not TimingMode.EAGER:
         return
     mine = bench.candidate
@@ -129,10 +131,11 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
     explained = mine.ms + (mine.host_ms or 0.0 if cuda else 0.0)
     share, ms = _CLOCK_SLACK[ctx.device.type]
     allowed = explained + share * mine.ms + ms
-    empty, full = math.inf, math.inf  # the shortest round trips without and with the calls
+    # the shortest round trips without and with the calls
+    empty, full = min(kbench_empty(calls), default=math.inf), math.inf
     sets = 0
     while sets < _CLOCKED_ROUNDS or (sets < _DISTURBED_ROUNDS and disturbed()):
-        for _ in range(_CLOCKED_PASSES):
+        for _ in range(CLOCKED_PASSES):
             trips = _clocked_pass(ctx, channel, bench, calls)
             empty, full = min(empty, trips[0]), min(full, trips[1])
         best = max(0.0, full - empty) * 1e3 / calls
@@ -143,7 +146,7 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
     if best > allowed:
         raise TimingFlag(Verdict(Status.FLAGGED, f"benchmark {params_text(bench.params)}: kbench's "
                            f"own clock took {best:.4g} ms per call at best in "
-                           f"{sets * _CLOCKED_PASSES} passes; the submission's "
+                           f"{sets * CLOCKED_PASSES} passes; the submission's "
                            f"timing explains {explained:.4g} ms ({mine.ms:.4g} ms timed + "
                            "host dispatch): work was hidden from the stopwatch or the "
                            "stopwatch was tampered with"), "clock", bench,

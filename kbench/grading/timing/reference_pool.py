@@ -4,6 +4,8 @@ on what failed or drifted. No reference process ever loads a candidate."""
 
 from __future__ import annotations
 
+import time
+
 import psutil
 import torch
 
@@ -70,6 +72,30 @@ class ReferenceWorker:
             self.close()
             return None
 
+    def empty_trips(self, index: int, calls: int, passes: int) -> list[float]:
+        """Seconds of ``passes`` round trips of an empty clocked pass of ``calls`` calls at
+        benchmark ``index`` (input sets drawn, no call: kbench.worker.serve's ``clocked``),
+        answered by this process, where no candidate runs; none where it cannot be had."""
+        if self.skips[index] is not None:
+            return []
+        ctx, params, stage = self.ctx, self.ctx.benchmarks[index], "kbench's clock, empty passes"
+        dtype, limit = ctx.task.benchmark_dtype, ctx.task.limits.benchmark_s
+        trips = []
+        try:
+            channel = self._open()
+            channel.call(protocol.Prepare(params=params, dtype=dtype, distribution=ctx.distribution,
+                                          model=ctx.spec(params, dtype), calls=calls),
+                         limit, stage)
+            for _ in range(passes):
+                t0 = time.perf_counter()
+                channel.call(protocol.Clocked(True), limit, stage)
+                trips.append(time.perf_counter() - t0)
+            channel.call(protocol.Release(), limit, stage)
+        except Stop as stop:
+            self.failure = stop.verdict.reason
+            self.close()
+        return trips
+
     def _open(self) -> Channel:
         if self.channel is not None:
             return self.channel
@@ -112,12 +138,16 @@ class ReferencePool:
         self.main.copy_gbps = copy_gbps
         self.rounds = [self.main] + [ReferenceWorker(ctx, f"{log}.round{r + 1}", self.skips)
                                      for r in range(1, ctx.options.rigour.fresh_rounds)]
+        # kbench's clock subtracts empty round trips timed here: the candidate's worker could
+        # slow its own. A process of its own, so that input sets it holds or fails to make
+        # never touch the reference's timing.
+        self.clock = ReferenceWorker(ctx, f"{log}.clock", self.skips)
 
     def __enter__(self) -> ReferencePool:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for worker in self.rounds:
+        for worker in (*self.rounds, self.clock):
             worker.close()
 
     @property

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Issue 39's runs on a GPU host, as steps of one device call each, sent back to back on one warm
+# machine (state in /tmp/kb). From the repository root, with .whl, .whlkb, .lb (a
+# KernelBenchLeaderboard checkout's docs/) and .kb (KernelBench's scripts/, src/) carried:
+#
+#   bench/timed_batch.sh cold [resume]  the first 100 level-1 samples, --profile quick, cold,
+#                                       then KernelBench's evaluator with timing on them; again
+#                                       with "resume" until both have finished
+#   bench/timed_batch.sh again NAME [beside]
+#                                       the same 100 timed again (builds cached) into
+#                                       /tmp/kb/NAME; "beside": while the level-2 samples are
+#                                       built cold on every core (bench/build_cost.py, plain)
+#   bench/timed_batch.sh compare A B    kbench compare of two of those runs
+#   bench/timed_batch.sh load GPU...    two busy processes per core on every core, and on
+#                                       each GPU given one grade of l2norm v3-v8 and the
+#                                       forged-stopwatch fixtures, all at once (warm builds)
+#
+# Each step stops itself within LIMIT_S (default 560) seconds and leaves its figures in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out} LIMIT_S=${LIMIT_S:-560} W=/tmp/kb SEED=20261127
+START=$(date +%s)
+left() { local n=$((LIMIT_S - ($(date +%s) - START) - ${1:-0})); echo $((n > 1 ? n : 1)); }
+mkdir -p "$OUT" "$W"
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl .whlkb/*.whl || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/host.txt"
+echo "cores $(nproc); torch $(python3 -c 'import torch; print(torch.__version__)'); commit \
+$(git rev-parse --short HEAD 2>/dev/null || echo '(tree)')" >> "$OUT/host.txt"
+
+batch() {  # real_batch.py over the first 100 level-1 samples; $1: kbench's --out, rest: more
+    local out=$1; shift
+    python3 bench/real_batch.py --leaderboard .lb --work $W --out "$out" --levels 1 --first 100 \
+        --deadline-s "$(left 20)" "$@"
+}
+
+case "${1:-}" in
+cold)
+    [ -e $W/subs ] || python3 bench/real_batch.py --leaderboard .lb --work $W --levels 1 \
+        --first 100 --layout-only > /dev/null
+    [ -e $W/base.json ] || python3 bench/kb_baseline.py .kb $W/problems/level1 --level 1 \
+        --out $W/base.json 2>&1 | tail -25 | tee "$OUT/baseline.log"
+    cp $W/base.json "$OUT/"
+    resume=(); [ "${2:-}" = resume ] && resume=(--resume)
+    batch $W/cold --kernelbench .kb --kb-baseline $W/base.json --json "$OUT/real.json" \
+        -- --profile quick --seed $SEED "${resume[@]}" > "$OUT/cold.log" 2>&1
+    tail -60 "$OUT/cold.log"
+    cp $W/cold/results.json "$OUT/cold-results.json" 2>/dev/null
+    cp $W/kernelbench/runs/rb_level1/eval_results.json "$OUT/kb-eval.json" 2>/dev/null
+    ;;
+again)
+    name=$2 bg=""
+    if [ "${3:-}" = beside ]; then
+        python3 bench/real_batch.py --leaderboard .lb --work /tmp/kb2 --levels 2 --layout-only \
+            > /dev/null
+        rm -rf /tmp/bc-beside
+        setsid python3 bench/build_cost.py /tmp/kb2/subs --concurrency "$(nproc)" --jobs 2 \
+            --mode plain --cache /tmp/bc-beside > "$OUT/beside-builds.log" 2>&1 &
+        bg=$!
+        sleep 20  # the compilers are running before the timing starts
+    fi
+    batch $W/$name --json "$OUT/$name.json" -- --profile quick --seed $SEED \
+        --cache-dir $W/kbench-cache > "$OUT/$name.log" 2>&1
+    [ -n "$bg" ] && { kill -- -"$bg" 2>/dev/null; tail -3 "$OUT/beside-builds.log"; }
+    tail -30 "$OUT/$name.log"
+    cp $W/$name/results.json "$OUT/$name-results.json" 2>/dev/null
+    ;;
+compare)
+    python3 -m kbench compare $W/$2 $W/$3 2>&1 | tee "$OUT/compare-$2-$3.txt" | tail -60
+    ;;
+load)
+    shift
+    files=(kbench/submissions/l2norm_v[3-8].py tests/fixtures/cpu_timing/l2norm_tampers_stopwatch.py
+           tests/fixtures/cpu_timing/l2norm_pads_empty_pass.py tests/fixtures/gpu_timing/*.py)
+    timeout "$(left 400)" python3 -m kbench grade "${files[@]}" --task l2norm --no-timing \
+        --cache-dir /tmp/ulc --out /tmp/ulc-warm > "$OUT/load-warm.log" 2>&1
+    busy=$(( 2 * $(nproc) / $# ))
+    for gpu in "$@"; do
+        CUDA_VISIBLE_DEVICES=$gpu timeout "$(left 15)" python3 bench/under_load.py "${files[@]}" \
+            --device cuda --runs 1 --phases load --busy $busy -- --task l2norm --profile quick \
+            --cache-dir /tmp/ulc > "$OUT/load-gpu$gpu.log" 2>&1 &
+    done
+    wait
+    tail -n 25 "$OUT"/load-gpu*.log
+    ;;
+*)
+    echo "usage: $0 cold [resume] | again NAME [beside] | compare A B | load GPU..." >&2
+    exit 2
+    ;;
+esac
