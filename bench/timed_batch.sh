@@ -24,7 +24,7 @@ left() { local n=$((LIMIT_S - ($(date +%s) - START) - ${1:-0})); echo $((n > 1 ?
 mkdir -p "$OUT" "$W"
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl .whlkb/*.whl || exit 1
+    --target /tmp/site .whl/*.whl $(ls .whlkb/*.whl | grep -v tabulate) || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/host.txt"
