@@ -42,6 +42,11 @@ ARCHS = {"7.0": "Volta", "7.5": "Turing", "8.0": "Ampere", "8.6": "Ampere", "8.7
 STUB = ("class _Any:\n    def __init__(self, *a, **k): pass\n    def __getattr__(self, name): "
         "return self\n    def __call__(self, *a, **k): return self\n"
         "def __getattr__(name): return _Any()\n")
+# Its per-sample timeout, 180 s by default, also bounds each build of its compile stage, which
+# then deletes the build's folder: 100 samples built at once on 64 cores (an H100 host,
+# 2026-11-27) took longer, every build's folder was removed under its compiler, and its run
+# evaluated nothing in 516 s.
+KB_TIMEOUT_S = 900
 STUBS = ("modal/__init__.py", "modal/experimental.py", "openai.py", "litellm.py")
 
 
@@ -383,7 +388,7 @@ def kb_arguments(level: int, root: Path, slots: int, options: list[str], extra: 
                  ) -> list[str]:
     """pydra overrides: its run and build folders, our GPUs and their architecture, kbench's
     --no-timing as measure_performance=False, builds cached first on every core (its README's
-    advice for speed), then --kb-arg's."""
+    advice for speed), its timeout (KB_TIMEOUT_S unless given), then --kb-arg's."""
     caps = nvidia_smi("compute_cap")
     given = re.match(r"\d+\.\d", option(options, "--cuda-arch") or (caps[0][0] if caps else ""))
     cap = given[0] if given else "9.0"
@@ -392,7 +397,9 @@ def kb_arguments(level: int, root: Path, slots: int, options: list[str], extra: 
             f"runs_dir={root / 'runs'}", f"kernel_eval_build_dir={root / 'cache'}",
             f"num_gpu_devices={slots}", f"gpu_arch=['{arch}']", "build_cache=True",
             f"num_cpu_workers={os.cpu_count() or 1}",
-            f"measure_performance={'--no-timing' not in options}", *extra]
+            f"measure_performance={'--no-timing' not in options}",
+            *([] if any(e.startswith("timeout=") for e in extra) else [f"timeout={KB_TIMEOUT_S}"]),
+            *extra]
 
 
 def kb_run(figures: Figures, work: Path, samples: list[Sample], options: list[str],

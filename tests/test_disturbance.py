@@ -226,3 +226,17 @@ def test_the_clock_subtracts_empty_trips_no_slower_than_kbench_s_own(monkeypatch
     # An honest worker's empty trips are as short as kbench's: nothing changes for it.
     bench, _ = _clock(monkeypatch, [(0.1, 1.2)] * 6, disturbed=False, kbench_empty=[0.1] * 3)
     assert bench.candidate.trusted_ms == pytest.approx(1.1)
+
+
+def test_a_call_that_waited_on_the_device_is_charged_its_side_work_but_not_flagged():
+    from kbench.grading.timing import integrity
+    # Seen on an H100 (25_Swish, a kernel on the legacy stream, then cudaDeviceSynchronize):
+    # the call waited out kbench's 50 ms hold while queued, its work done when it returned,
+    # and the device read 0.145 ms busy after it.
+    def bench(host_ms: float) -> Benchmark:
+        return Benchmark(params={"rows": 16}, dtype="float32", candidate=Measurement(
+            ms=0.38, ci=[0.37, 0.39], samples=16, side_work_ms=0.145, host_ms=host_ms))
+
+    integrity.ordered(bench(50.12))
+    with pytest.raises(TimingFlag, match="device stayed busy 0.145 ms"):
+        integrity.ordered(bench(0.08))  # queued at once: returned before its work was done

@@ -145,6 +145,10 @@ def test_kernelbench_side(leaderboard: Path, tmp_path: Path, monkeypatch) -> Non
     assert {"num_gpu_devices=4", "gpu_arch=['Hopper']", "measure_performance=False",
             "level=1", "x=1"} <= set(args)
     assert "measure_performance=True" in real_batch.kb_arguments(1, root, 1, [], [])
+    # its timeout long enough for a batch's builds, unless given
+    assert f"timeout={real_batch.KB_TIMEOUT_S}" in args
+    given = real_batch.kb_arguments(1, root, 1, [], ["timeout=300"])
+    assert [a for a in given if a.startswith("timeout=")] == ["timeout=300"]
     mixed, _ = real_batch.read_leaderboard(leaderboard)
     real_batch.lay_out(mixed, leaderboard, work)
     assert real_batch.kb_prepare(checkout, work, mixed, [])[1] == 9  # levels mixed: one run

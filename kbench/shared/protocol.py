@@ -87,6 +87,11 @@ class TimingSettings:
 _LISTS = ("ms", "after_ms", "idle_ms", "host_ms", "sm_mhz", "mem_mhz", "slowed")
 
 
+# The longest hold kbench's stopwatch queues ahead of a call (kbench.worker.hold): a call whose
+# queueing outlasts it waited on the device (it synchronised), and is timed as it is.
+HOLD_MAX_MS = 50.0
+
+
 @dataclass
 class Samples:
     """What the stopwatch measured: per-call times in ms and what the device was doing."""
