@@ -41,7 +41,7 @@ case "${1:-}" in
 cold)
     [ -e $W/subs ] || python3 bench/real_batch.py --leaderboard .lb --work $W --levels 1 \
         --first 100 --layout-only > /dev/null
-    [ -e $W/base.json ] || PYTHONPATH=$W/kernelbench/src:$W/kernelbench/shim:$PYTHONPATH python3 bench/kb_baseline.py .kb $W/problems/level1 --level 1 \
+    [ -e $W/base.json ] || python3 bench/kb_baseline.py .kb $W/problems/level1 --level 1 \
         --out $W/base.json 2>&1 | tail -25 | tee "$OUT/baseline.log"
     cp $W/base.json "$OUT/"
     resume=(); [ "${2:-}" = resume ] && resume=(--resume)

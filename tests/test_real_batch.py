@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -264,3 +265,22 @@ def test_timing_cost_per_sample_and_share_of_the_gpus() -> None:
     assert line.startswith("timing: 20.0 GPU-s per timed sample (2 timed; rounds 13.0, "
                            "clock 2.5); 50% of the GPUs' time")
     assert "1 timed on a disturbed host, 1 timed again alone" in line
+
+
+def test_kb_baseline_imports_kernelbench_with_the_stand_ins(tmp_path: Path) -> None:
+    # KernelBench's package imports openai at module level (not installed for a local run): the
+    # baseline script gives it real_batch's stand-ins, as the evaluator gets them.
+    package = tmp_path / "kb" / "src" / "kernelbench"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("from openai import OpenAI\n")
+    (package / "timing.py").write_text(
+        "def measure_ref_program_time(name, src):\n    return {'mean': float(len(src))}\n")
+    problems = tmp_path / "problems"
+    problems.mkdir()
+    (problems / "1_Toy.py").write_text("x = 1\n")
+    out = tmp_path / "base.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "kb_baseline.py"),
+                           str(tmp_path / "kb"), str(problems), "--level", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text()) == {"level1": {"1_Toy.py": {"mean": 6.0}}}
