@@ -3,9 +3,11 @@
 # machine (state in /tmp/kb). From the repository root, with .whl, .whlkb, .lb (a
 # KernelBenchLeaderboard checkout's docs/) and .kb (KernelBench's scripts/, src/) carried:
 #
-#   bench/timed_batch.sh cold [resume]  the first 100 level-1 samples, --profile quick, cold,
-#                                       then KernelBench's evaluator with timing on them; again
-#                                       with "resume" until both have finished
+#   bench/timed_batch.sh cold [resume]  kbench on the first 100 level-1 samples, --profile
+#                                       quick, cold; again with "resume" until it has finished
+#   bench/timed_batch.sh kb             then KernelBench's evaluator with timing on them, cold,
+#                                       in a call of its own (a build it left killed would
+#                                       hold torch's lock), and both tools' speedups compared
 #   bench/timed_batch.sh again NAME [beside]
 #                                       the same 100 timed again (builds cached) into
 #                                       /tmp/kb/NAME; "beside": while the level-2 samples are
@@ -45,11 +47,17 @@ cold)
         --out $W/base.json 2>&1 | tail -25 | tee "$OUT/baseline.log"
     cp $W/base.json "$OUT/"
     resume=(); [ "${2:-}" = resume ] && resume=(--resume)
-    batch $W/cold --kernelbench .kb --kb-baseline $W/base.json --json "$OUT/real.json" \
-        -- --profile quick --seed $SEED "${resume[@]}" > "$OUT/cold.log" 2>&1
-    tail -60 "$OUT/cold.log"
+    batch $W/cold --json "$OUT/real.json" -- --profile quick --seed $SEED "${resume[@]}" \
+        > "$OUT/cold.log" 2>&1
+    tail -40 "$OUT/cold.log"
     cp $W/cold/results.json "$OUT/cold-results.json" 2>/dev/null
+    ;;
+kb)
+    batch $W/cold --kernelbench .kb --kb-baseline $W/base.json --json "$OUT/real-kb.json" \
+        -- --profile quick --seed $SEED --resume > "$OUT/kb.log" 2>&1
+    grep -v "^\[\|nvcc\|ninja\|c++ \|warning" "$OUT/kb.log" | tail -60
     cp $W/kernelbench/runs/rb_level1/eval_results.json "$OUT/kb-eval.json" 2>/dev/null
+    cp $W/cold/results.json "$OUT/cold-results.json" 2>/dev/null
     ;;
 again)
     name=$2 bg=""
@@ -87,7 +95,7 @@ load)
     tail -n 25 "$OUT"/load-gpu*.log
     ;;
 *)
-    echo "usage: $0 cold [resume] | again NAME [beside] | compare A B | load GPU..." >&2
+    echo "usage: $0 cold [resume] | kb | again NAME [beside] | compare A B | load GPU..." >&2
     exit 2
     ;;
 esac

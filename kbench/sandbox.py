@@ -342,6 +342,13 @@ def prestart(log_path: Path, env: dict[str, str], device: str) -> None:
         _SPARES[log_path] = _Started(log_path, env, device)
 
 
+def drop_spare(log_path: Path) -> None:
+    """End the spare started for ``log_path`` if no Sandbox took it."""
+    spare = _SPARES.pop(log_path, None)
+    if spare is not None:
+        spare.discard()
+
+
 def drop_spares() -> None:
     """End the spares no Sandbox took."""
     while _SPARES:

@@ -48,6 +48,17 @@ def test_options_are_typed_and_checked_once(tmp_path):
             raise AssertionError(f"{bad} accepted")
 
 
+def test_quick_profiles_what_ran_only_under_the_policy(tmp_path):
+    def profiles(**given) -> bool:
+        return Options(device="cuda", out_dir=tmp_path, cache_dir=tmp_path, jobs=1, seed=1,
+                       **given).profiles_kernels
+    assert profiles() and not profiles(profile="quick") and not profiles(untimed=True)
+    assert profiles(profile="quick", require_custom_kernels=True)
+    assert profiles(untimed=True, require_custom_kernels=True)
+    assert not Options(device="cpu", out_dir=tmp_path, cache_dir=tmp_path, jobs=1,
+                       seed=1).profiles_kernels
+
+
 def test_a_job_is_a_plain_value(tmp_path):
     job = Job(task="tasks/l2norm.yaml", problem="l2norm", name="a", path="a.py", sha256="0" * 64,
               options=Options(device="cpu", out_dir=tmp_path, cache_dir=tmp_path, jobs=1,

@@ -192,7 +192,7 @@ def _clock(monkeypatch, passes: list[tuple[float, float]], disturbed: bool,
     bench = Benchmark(params={"rows": 8}, dtype="float32",
                       candidate=Measurement(ms=1.0, ci=[0.99, 1.01], samples=50))
     integrity.trusted_clock(ctx, None, bench, lambda: disturbed,
-                            lambda calls: [ms * calls / 1e3 for ms in kbench_empty])
+                            lambda calls, passes: [ms * calls / 1e3 for ms in kbench_empty])
     return bench, left
 
 
@@ -226,6 +226,39 @@ def test_the_clock_subtracts_empty_trips_no_slower_than_kbench_s_own(monkeypatch
     # An honest worker's empty trips are as short as kbench's: nothing changes for it.
     bench, _ = _clock(monkeypatch, [(0.1, 1.2)] * 6, disturbed=False, kbench_empty=[0.1] * 3)
     assert bench.candidate.trusted_ms == pytest.approx(1.1)
+
+
+def test_a_clocked_pass_is_sized_by_its_input_draws_as_timed_in_kbench_s_process(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from kbench.grading.options import TimingMode
+    from kbench.grading.timing import integrity
+    # A 10 us call: 2000 calls fill 20 ms; with 0.2 ms draws a pass is held to ~60 ms of
+    # calls and draws; draws of 50 ms still leave 50 calls; a 5 ms call needs only 4.
+    assert integrity.clocked_calls(0.01, 0.0) == 2000
+    assert integrity.clocked_calls(0.01, 0.2) == 285
+    assert integrity.clocked_calls(0.01, 50.0) == 50
+    assert integrity.clocked_calls(5.0, 0.2) == 4
+    # The draws' cost comes from a short empty pass in kbench's process, before the passes.
+    asked = []
+
+    def kbench_empty(calls: int, passes: int) -> list[float]:
+        asked.append((calls, passes))
+        return [calls * 0.2e-3 + 1e-4] * passes  # 0.2 ms a draw, 0.1 ms a round trip
+
+    monkeypatch.setattr(integrity, "_clocked_pass", lambda ctx, channel, bench, calls: (
+        calls * 0.2e-3, calls * 0.23e-3))
+    ctx = SimpleNamespace(options=SimpleNamespace(timing=TimingMode.EAGER),
+                          device=torch.device("cuda"))
+    bench = Benchmark(params={"rows": 8}, dtype="float32",
+                      candidate=Measurement(ms=0.01, ci=[0.0099, 0.0101], samples=50,
+                                            host_ms=0.02))
+    integrity.trusted_clock(ctx, None, bench, lambda: False, kbench_empty)
+    calls = integrity.clocked_calls(0.01, (16 * 0.2e-3 + 1e-4) * 1e3 / 16)
+    assert asked == [(16, 1), (calls, 3)] and 200 < calls < 300
+    assert bench.candidate.trusted_ms == pytest.approx(0.03, abs=0.002)
 
 
 def test_a_call_that_waited_on_the_device_is_charged_its_side_work_but_not_flagged():

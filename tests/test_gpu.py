@@ -149,12 +149,12 @@ def test_triton_is_compiled_in_the_build_and_graded(tmp_path, cache_dir):
 
 def test_custom_kernel_share_and_its_policy(tmp_path, cache_dir):
     # What ran, from the profiler: the CUDA and Triton kernels' own share is nearly all their
-    # GPU time, torch.nn.functional's is 0; only under the policy is the latter flagged.
+    # GPU time, torch.nn.functional's is 0; only under the policy is the latter flagged. The
+    # full profile reports the share; the quick one profiles only under the policy.
     task = quick_task(tmp_path, **{"limits.host_memory_gib": 16})
     files = [str(ROOT / "kbench/submissions/l2norm_v8.py"),
              str(ROOT / "kbench/submissions/l2norm_triton.py"),
-             str(FIXTURES / "policy" / "l2norm_functional.py"), "--task", str(task),
-             "--profile", "quick"]
+             str(FIXTURES / "policy" / "l2norm_functional.py"), "--task", str(task)]
     code, results = grade(files, tmp_path / "free", cache_dir)
     subs = by_name(results)
     assert code == 0 and all(s["status"] == "ok" for s in subs.values()), subs
@@ -163,7 +163,10 @@ def test_custom_kernel_share_and_its_policy(tmp_path, cache_dir):
     functional = subs["l2norm_functional"]
     assert functional["custom_share"] == 0 and functional["kernels"][0].startswith("library")
     assert "| 0%" in (tmp_path / "free" / "leaderboard.md").read_text()
-    code, results = grade([*files, "--require-custom-kernels"], tmp_path / "policy", cache_dir)
+    code, results = grade([*files, "--profile", "quick"], tmp_path / "quick", cache_dir)
+    assert code == 0 and all(s["custom_share"] is None for s in results["submissions"])
+    code, results = grade([*files, "--profile", "quick", "--require-custom-kernels"],
+                          tmp_path / "policy", cache_dir)
     subs = by_name(results)
     assert subs["l2norm_v8"]["status"] == subs["l2norm_triton"]["status"] == "ok"
     flagged = subs["l2norm_functional"]
@@ -176,7 +179,8 @@ def test_tilelang_graded_its_kernel_its_own_its_compile_error_quoted(tmp_path, c
     task = quick_task(tmp_path, **{"limits.host_memory_gib": 16})
     code, results = grade([str(ROOT / "kbench" / "submissions" / "l2norm_tilelang.py"),
                            str(FIXTURES / "dsl_gpu" / "l2norm_tilelang_compile_error.py"),
-                           "--task", str(task), "--profile", "quick"], tmp_path / "out", cache_dir)
+                           "--task", str(task), "--profile", "quick",
+                           "--require-custom-kernels"], tmp_path / "out", cache_dir)
     sub, broken = (by_name(results)[n] for n in ("l2norm_tilelang",
                                                    "l2norm_tilelang_compile_error"))
     assert code == 0 and sub["status"] == "ok" and sub["speedup"] > 0, sub["reason"]
@@ -191,7 +195,8 @@ def test_cute_dsl_l2norm_graded_ok_its_kernels_its_own(tmp_path, cache_dir):
     task = quick_task(tmp_path, **{"limits.host_memory_gib": 16,
                                    "correctness.fixed_shapes": shapes})
     code, results = grade([str(ROOT / "kbench" / "submissions" / "l2norm_cute.py"),
-                           "--task", str(task), "--profile", "quick"], tmp_path / "out", cache_dir)
+                           "--task", str(task), "--profile", "quick",
+                           "--require-custom-kernels"], tmp_path / "out", cache_dir)
     sub = by_name(results)["l2norm_cute"]
     assert code == 0 and sub["status"] == "ok" and sub["speedup"] > 0, sub["reason"]
     assert sub["backend"] == "cute_dsl" and sub["custom_share"] >= 0.9, sub["kernels"]

@@ -30,14 +30,18 @@ class Rigour:
     share: float  # of the task's min/max samples and time budget
     target_ci: float  # times the task's target interval
     compile_baseline: bool  # time torch.compile of the reference too
+    kernels: bool  # profile what ran for the custom-kernel share (always under the policy)
 
 
 # On an H200, five grades' speedups at 16x16384 spread 6 % with all rounds in one process,
-# 3.8 % with 3 fresh-process rounds and 3.0 % with 8 (docs/timing.md): quick keeps 3.
+# 3.8 % with 3 fresh-process rounds and 3.0 % with 8 (docs/timing.md): quick keeps 3. The
+# custom-kernel share's profile took 6 of a quick sample's 26 GPU-slot seconds in a batch of
+# real samples on 4 H100s (docs/evidence/h100x4-2026-11-27-timed-batch): quick leaves it to
+# --require-custom-kernels.
 RIGOUR = {Profile.FULL: Rigour(rounds=3, fresh_rounds=8, share=1.0, target_ci=1.0,
-                               compile_baseline=True),
+                               compile_baseline=True, kernels=True),
           Profile.QUICK: Rigour(rounds=2, fresh_rounds=3, share=0.4, target_ci=2.0,
-                                compile_baseline=False)}
+                                compile_baseline=False, kernels=False)}
 
 
 def profile_text(profile: str) -> str:
@@ -48,7 +52,8 @@ def profile_text(profile: str) -> str:
         return "unknown"
     return (f"{r.rounds} rounds per size alternating with the reference, {r.fresh_rounds} "
             f"fresh-process rounds for launch-bound sizes, {r.share:.0%} of the task's samples "
-            "and time budget" + ("" if r.compile_baseline else ", no torch.compile baseline"))
+            "and time budget" + ("" if r.compile_baseline else ", no torch.compile baseline")
+            + ("" if r.kernels else ", no custom-kernel share unless required"))
 
 
 class OptionsError(ValueError):
@@ -120,6 +125,13 @@ class Options:
     @property
     def timed(self) -> bool:
         return self.case_indices is None and not self.untimed
+
+    @property
+    def profiles_kernels(self) -> bool:
+        """Whether what ran on the GPU is profiled: for the report's custom-kernel share (a
+        timed run whose profile includes it) or for the policy that needs it."""
+        return self.device is Device.CUDA and (
+            self.require_custom_kernels or self.timed and self.rigour.kernels)
 
     def reuse_key(self) -> dict:
         """What a stored result must have been graded under to stand for this run's (besides

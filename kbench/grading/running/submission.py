@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 from kbench import sandbox
 from kbench.grading.building import build
@@ -77,6 +78,9 @@ class Slot:
             except Exception as exc:  # a kbench bug must not end the run or blame the submission
                 traceback.print_exc()
                 verdict = Verdict(Status.INTERNAL_ERROR, f"kbench failed: {exc!r}")
+            finally:  # round workers a failing check left unused
+                for r in range(1, ctx.options.rigour.fresh_rounds):
+                    sandbox.drop_spare(ctx.logs / _round_log(sub, r))
         elif kb_rules.applies(ctx) and built.verdict is None:  # failed as it loaded
             verdict = self._unloaded(sub, result, verdict)
         verdict = causes.named(ctx, result, verdict)
@@ -115,6 +119,7 @@ class Slot:
                 raise
             differ = weights.differing(ctx, loaded.weights)
             lap("load")
+            self._prestart_rounds(sub, reference)
             if kb_rules.applies(ctx):
                 self._kernelbench(sub, result, channel, differ, ranks=kernelbench)
                 lap("kernelbench")
@@ -129,17 +134,16 @@ class Slot:
             if ctx.options.timed:
                 with judge:
                     try:
-                        alternating.time_submission(ctx, channel, result, reference, self.pool,
-                                                    lambda r: self._round_channel(sub, r, result),
-                                                    judge)
+                        alternating.time_submission(
+                            ctx, channel, result, reference, self.pool,
+                            lambda rounds: self._round_channels(sub, rounds, result), judge)
                     finally:
                         result.timed_beside = judge.record()
                 lap("timing")
                 self._prestart()
             # What ran is profiled where the report shows it (a timed run) or a policy needs
             # it; last: the profiler stays loaded in the process.
-            if ctx.device.type == "cuda" and (ctx.options.timed or
-                                              ctx.options.require_custom_kernels):
+            if ctx.options.profiles_kernels:
                 custom_kernels.measure(ctx, channel, result, _profiled_sizes(ctx, reference))
                 lap("kernels")
 
@@ -170,18 +174,43 @@ class Slot:
         result.logs.append(str(self.ctx.logs / log))
         return Channel(self.ctx, log, build.env(self.ctx, sub))
 
-    def _round_channel(self, sub: Submission, r: int, result: SubmissionResult) -> Channel:
-        """A new process for round ``r`` of the submission's launch-bound cases (see
-        kbench.grading.timing.alternating), its instance loaded from the warm build cache."""
-        log = f"{sub.log_name}.round{r + 1}.log"
-        result.logs.append(str(self.ctx.logs / log))
-        channel = Channel(self.ctx, log, build.env(self.ctx, sub))
+    def _prestart_rounds(self, sub: Submission, reference: list[Benchmark]) -> None:
+        """Where the submission will take fresh-process rounds, their workers started now
+        (kbench.sandbox.prestart): torch's import and the CUDA context overlap the checks
+        before timing, none of which is timed. Those a failing check leaves unused end with
+        the submission (evaluate)."""
+        ctx = self.ctx
+        if ctx.options.timed and alternating.fresh_cases(ctx, reference):
+            for r in range(1, ctx.options.rigour.fresh_rounds):
+                sandbox.prestart(ctx.logs / _round_log(sub, r), build.env(ctx, sub),
+                                 ctx.device.type)
+
+    def _round_channels(self, sub: Submission, rounds: int, result: SubmissionResult
+                        ) -> list[Channel]:
+        """New processes for rounds 1 to ``rounds - 1`` of the submission's launch-bound
+        cases (kbench.grading.timing.alternating), loaded side by side from the warm build
+        cache; none is left open if one fails."""
+        ctx = self.ctx
+        channels: list[Channel] = []
         try:
-            channel.load(sub, instantiate=True, stage=f"load (timing round {r + 1})")
+            for r in range(1, rounds):
+                result.logs.append(str(ctx.logs / _round_log(sub, r)))
+                channels.append(Channel(ctx, _round_log(sub, r), build.env(ctx, sub)))
+            with ThreadPoolExecutor(len(channels)) as loading:
+                loads = [loading.submit(c.load, sub, instantiate=True,
+                                        stage=f"load (timing round {r + 1})")
+                         for r, c in enumerate(channels, start=1)]
+            for load in loads:
+                load.result()  # the first round's failure, in round order
         except BaseException:
-            channel.close()
+            for channel in channels:
+                channel.close()
             raise
-        return channel
+        return channels
+
+
+def _round_log(sub: Submission, r: int) -> str:
+    return f"{sub.log_name}.round{r + 1}.log"
 
 
 def _kernelbench_ranks(ctx: Context) -> bool:

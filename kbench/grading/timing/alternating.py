@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from kbench.grading.channel import Channel
 from kbench.grading.checking import kernelbench_rules as kb_rules
@@ -19,12 +19,24 @@ from kbench.grading.timing.reference_pool import ReferencePool, ReferenceWorker
 from kbench.results.run_record import Benchmark, SubmissionResult
 from kbench.shared.protocol import Samples
 
-OpenRound = Callable[[int], Channel]  # round r -> a new process of the submission, loaded
+# rounds -> new processes of the submission for rounds 1 to rounds - 1, each loaded
+OpenRounds = Callable[[int], list[Channel]]
+
+
+def fresh_cases(ctx: Context, reference: list[Benchmark]) -> list[int]:
+    """The timed cases whose reference ran under the task's ``fresh_rounds_below_ms`` at the
+    start: launch-bound, they take every round in a fresh process (eager mode only: graph
+    replays launch no kernel one by one)."""
+    if ctx.options.timing is not TimingMode.EAGER:
+        return []
+    below = ctx.task.timing[ctx.device.type].fresh_rounds_below_ms
+    return [i for i, ref in enumerate(reference)
+            if ref.reference is not None and ref.reference.ms < below]
 
 
 def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
                     reference: list[Benchmark], pool: ReferencePool,
-                    open_round: OpenRound, judge: Judge) -> None:
+                    open_rounds: OpenRounds, judge: Judge) -> None:
     """Each case in rounds, alternating with the reference's. Cases whose reference ran
     under the task's ``fresh_rounds_below_ms`` at the start take the profile's fresh rounds
     (kbench.grading.options.Rigour), every
@@ -32,11 +44,11 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
     own level (some 0.2 us a kernel apart on an H200, docs/timing.md), which dominates a
     speedup of 10 us calls unless the rounds sample many processes. Those cases go first,
     round by round, so that a round costs one new process per side; the first is the
-    submission's own process, where kbench's clock runs later. Eager mode only: graph
-    replays launch no kernel one by one. The checks that host load can fool go through
+    submission's own process, where kbench's clock runs later. The other rounds' processes
+    are loaded side by side before the first round (their start overlapped the checks before
+    timing: kbench.grading.running.submission), and every process of the submission is
+    stopped while the reference runs. The checks that host load can fool go through
     ``judge`` (kbench.grading.timing.disturbance); the seconds of each part go to ``timing_s``."""
-    eager = ctx.options.timing is TimingMode.EAGER
-    below = ctx.task.timing[ctx.device.type].fresh_rounds_below_ms if eager else 0.0
     mine: dict[int, list[Samples]] = {}  # per timed case, the submission's rounds
     theirs: dict[int, list[Samples | None]] = {}  # and the reference's
     for i, ref in enumerate(reference):
@@ -45,26 +57,33 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
                                            nbytes=ref.nbytes))
         if ref.reference is not None:
             mine[i], theirs[i] = [], []
-    fresh = [i for i in mine if reference[i].reference.ms < below]
+    fresh = fresh_cases(ctx, reference)
     rigour = ctx.options.rigour
     part = _Parts(result.timing_s)
+    processes = [channel]  # the submission's processes open now
 
     def one_round(i: int, process: Channel, worker: ReferenceWorker, count: int) -> None:
         params = reference[i].params
-        with part("reference"), process.frozen(), channel.frozen() \
-                if process is not channel else contextlib.nullcontext():
-            theirs[i].append(worker.samples(i, params, count))  # no submission process runs
-        with part("rounds"):
+        with part("reference"), _all_frozen(processes):  # no submission process runs
+            theirs[i].append(worker.samples(i, params, count))
+        with part("rounds"), _all_frozen(p for p in processes if p is not process):
             mine[i].append(process.samples(params, count, keep=True))
         with part("verify"):
             integrity.verify(ctx, process, params, mine[i][-1].kept)
 
-    for r in range(rigour.fresh_rounds if fresh else 0):
-        with contextlib.ExitStack() as stack:
-            with part("fresh processes"):
-                here = channel if r == 0 else stack.enter_context(open_round(r))
-            for i in fresh:
-                one_round(i, here, pool.rounds[r], rigour.fresh_rounds)
+    if fresh:
+        with part("fresh processes"):
+            processes += open_rounds(rigour.fresh_rounds)
+        try:
+            for r, here in enumerate(processes[:]):
+                for i in fresh:
+                    one_round(i, here, pool.rounds[r], rigour.fresh_rounds)
+                if here is not channel:  # its memory back before the next round
+                    here.close()
+                    processes.remove(here)
+        finally:
+            for here in processes[1:]:
+                here.close()
     for i in mine:
         if i not in fresh:
             for _ in range(rigour.rounds):
@@ -84,17 +103,27 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
         judge.checked(lambda b=bench: integrity.ordered(b))
         with part("clock"):
             judge.checked(lambda b=bench, i=i: integrity.trusted_clock(
-                ctx, channel, b, judge.disturbed, lambda calls: _empty_trips(pool, channel, i,
-                                                                            calls)))
+                ctx, channel, b, judge.disturbed,
+                lambda calls, passes: _empty_trips(pool, channel, i, calls, passes)))
     measurement.add_speedups(result, reference)
     kernelbench_timing.overall(result)
 
 
-def _empty_trips(pool: ReferencePool, channel: Channel, index: int, calls: int) -> list[float]:
+def _empty_trips(pool: ReferencePool, channel: Channel, index: int, calls: int,
+                 passes: int) -> list[float]:
     """Empty clocked passes timed in the reference's clock process while the submission's
     processes are stopped: nothing of the submission can slow them."""
     with channel.frozen():
-        return pool.clock.empty_trips(index, calls, integrity.CLOCKED_PASSES)
+        return pool.clock.empty_trips(index, calls, passes)
+
+
+@contextlib.contextmanager
+def _all_frozen(processes: Iterable[Channel]) -> Iterator[None]:
+    """Each of ``processes`` stopped meanwhile (kbench.sandbox.Sandbox.frozen)."""
+    with contextlib.ExitStack() as stack:
+        for process in processes:
+            stack.enter_context(process.frozen())
+        yield
 
 
 class _Parts:

@@ -44,11 +44,21 @@ _MAX_COPY_SHARE = 1.5
 # pass. On a disturbed host (other processes on the cores, kbench's own builds beside it) up to
 # _DISTURBED_ROUNDS sets are timed: a pass only gains time from load, so the more passes, the
 # likelier one ran undisturbed, while a kernel hiding work fails every one of them too.
-CLOCKED_PASSES = 3
+_CLOCKED_PASSES = 3
 _CLOCKED_ROUNDS = 2
 _DISTURBED_ROUNDS = 8
 _CLOCKED_MS = 20.0
 _CLOCKED_MAX_CALLS = 2000
+# Each call of a pass draws a fresh input set too: for a KernelBench problem, its get_inputs
+# under a new seed, some 0.2 ms of host time against a 10 us kernel. A pass is also held to
+# about _PASS_MS of calls and draws (their cost per call timed first in kbench's own process,
+# _PROBE_CALLS empty calls), and no fewer than _MIN_CALLS calls where the submission's median
+# asks for more: on 4 H100s, 2000-call passes of launch-bound real samples took 6-15 s of a
+# sample's timing (docs/evidence/h100x4-2026-11-27-timed-batch). A round trip's noise (well
+# under 1 ms) over _MIN_CALLS calls stays far below the slack's 0.1 ms a call.
+_PASS_MS = 60.0
+_MIN_CALLS = 50
+_PROBE_CALLS = 16
 _CLOCK_SLACK = {"cuda": (0.15, 0.1), "cpu": (0.5, 1.0)}
 
 # A call whose median host time is this share of the longest hold waited on the device.
@@ -111,9 +121,18 @@ def verify(ctx: Context, channel: Channel, params: Params, kept: list[int]) -> N
     channel.call(protocol.Release(), ctx.task.limits.case_s, stage)
 
 
+def clocked_calls(ms: float, draw_ms: float) -> int:
+    """Calls in a clocked pass of a call the submission times at ``ms``, each with an input
+    draw of ``draw_ms``: enough to fill _CLOCKED_MS, within _MIN_CALLS to _PASS_MS of calls
+    and draws, and at most _CLOCKED_MAX_CALLS."""
+    bounded = max(_MIN_CALLS, math.floor(_PASS_MS / (ms + draw_ms)))
+    return max(1, min(_CLOCKED_MAX_CALLS, math.ceil(_CLOCKED_MS / ms), bounded))
+
+
 def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
                   disturbed: Callable[[], bool] = lambda: False,
-                  kbench_empty: Callable[[int], list[float]] = lambda calls: []) -> None:
+                  kbench_empty: Callable[[int, int], list[float]] = lambda calls, passes: []
+                  ) -> None:
     """Time calls on kbench's own clock, where the worker cannot reach: passes of calls back
     to back on fresh input sets (see kbench.worker.kept.clocked), each call followed by a
     device-wide synchronisation, no hold, no flush, as one request whose round trip is timed
@@ -121,24 +140,28 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
     shortest without, per call (over a second set of passes where the first set fails), must
     be explained by the submission's median plus its host dispatch time; work hidden from the
     stopwatch, or a stopwatch tampered with in the worker, shows up as the difference: flagged.
-    The trips without calls include ``kbench_empty(calls)``'s, timed in a process of kbench's
-    (the reference's): a worker slowing its own empty trips cannot shorten the difference.
+    The trips without calls include ``kbench_empty(calls, passes)``'s, timed in a process of
+    kbench's (the reference's): a worker slowing its own empty trips cannot shorten the
+    difference; a short empty pass there first gives the input draws' cost (clocked_calls).
     The passes' outputs are verified too. Where the sets fail while ``disturbed()`` says the
     host is disturbed, more sets are timed (_DISTURBED_ROUNDS in all). Eager mode only: a
     graph replay's figures leave out the per-call dispatch that such a pass includes."""
     if ctx.options.timing is not TimingMode.EAGER:
         return
     mine = bench.candidate
-    calls = min(_CLOCKED_MAX_CALLS, max(1, math.ceil(_CLOCKED_MS / mine.ms)))
+    calls = clocked_calls(mine.ms, 0.0)
+    if calls > _MIN_CALLS:  # the draws' cost may lower it: timed in kbench's process
+        calls = clocked_calls(mine.ms, min(kbench_empty(_PROBE_CALLS, 1), default=0.0)
+                              * 1e3 / _PROBE_CALLS)
     cuda = ctx.device.type == "cuda"
     explained = mine.ms + (mine.host_ms or 0.0 if cuda else 0.0)
     share, ms = _CLOCK_SLACK[ctx.device.type]
     allowed = explained + share * mine.ms + ms
     # the shortest round trips without and with the calls
-    empty, full = min(kbench_empty(calls), default=math.inf), math.inf
+    empty, full = min(kbench_empty(calls, _CLOCKED_PASSES), default=math.inf), math.inf
     sets = 0
     while sets < _CLOCKED_ROUNDS or (sets < _DISTURBED_ROUNDS and disturbed()):
-        for _ in range(CLOCKED_PASSES):
+        for _ in range(_CLOCKED_PASSES):
             trips = _clocked_pass(ctx, channel, bench, calls)
             empty, full = min(empty, trips[0]), min(full, trips[1])
         best = max(0.0, full - empty) * 1e3 / calls
@@ -149,7 +172,7 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
     if best > allowed:
         raise TimingFlag(Verdict(Status.FLAGGED, f"benchmark {params_text(bench.params)}: kbench's "
                            f"own clock took {best:.4g} ms per call at best in "
-                           f"{sets * CLOCKED_PASSES} passes; the submission's "
+                           f"{sets * _CLOCKED_PASSES} passes; the submission's "
                            f"timing explains {explained:.4g} ms ({mine.ms:.4g} ms timed + "
                            "host dispatch): work was hidden from the stopwatch or the "
                            "stopwatch was tampered with"), "clock", bench,

@@ -1,0 +1,120 @@
+"""The order of a submission's timing rounds (kbench.grading.timing.alternating), with the
+processes, the reference and the checks stood in for: which processes run when."""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import pytest
+
+from kbench.grading.channel import Stop
+from kbench.grading.options import RIGOUR, Profile, TimingMode
+from kbench.grading.timing import alternating, integrity, kernelbench_timing, measurement
+from kbench.results.run_record import Benchmark
+from kbench.results.verdict import Status, Verdict
+
+QUICK = RIGOUR[Profile.QUICK]
+
+
+class _Process:
+    def __init__(self, name: str, events: list, fail: bool = False) -> None:
+        self.name, self.events, self.fail = name, events, fail
+        self.is_frozen = self.closed = False
+
+    @contextlib.contextmanager
+    def frozen(self):
+        assert not self.is_frozen
+        self.is_frozen = True
+        try:
+            yield
+        finally:
+            self.is_frozen = False
+
+    def samples(self, params, count, keep=False):
+        if self.fail:
+            raise Stop(Verdict(Status.RUNTIME_ERROR, "crashed"))
+        assert not self.is_frozen and not self.closed
+        self.events.append(("round", self.name, params["n"],
+                            {p.name: p.is_frozen for p in _open(self.events)}))
+        return SimpleNamespace(kept=[])
+
+    def close(self) -> None:
+        self.closed = True
+        self.events.append(("close", self.name))
+
+
+def _open(events: list) -> list[_Process]:
+    return [p for p in events[0] if not p.closed]
+
+
+class _Reference:
+    def __init__(self, events: list, r: int) -> None:
+        self.events, self.r = events, r
+
+    def samples(self, index, params, count):
+        self.events.append(("reference", self.r, params["n"],
+                            {p.name: p.is_frozen for p in _open(self.events)}))
+        return SimpleNamespace()
+
+
+def _time(monkeypatch, processes: list[_Process], fail_round: int | None = None) -> list:
+    for module, name in ((integrity, "verify"), (integrity, "trusted_clock"),
+                         (integrity, "ordered"), (integrity, "within_copy_bandwidth"),
+                         (measurement, "add_speedups"), (kernelbench_timing, "overall")):
+        monkeypatch.setattr(module, name, lambda *a, **k: None)
+    monkeypatch.setattr(measurement, "summarise", lambda rounds, nbytes: len(rounds))
+    monkeypatch.setattr(alternating.kb_rules, "applies", lambda ctx: False)
+    events: list = [processes]
+    main = _Process("main", events)
+    processes.append(main)
+
+    def open_rounds(rounds: int) -> list[_Process]:
+        assert not [e for e in events[1:] if e[0] == "round"]  # before the first round
+        new = [_Process(f"round{r + 1}", events, fail=r == fail_round) for r in range(1, rounds)]
+        processes.extend(new)
+        events.append(("opened", rounds))
+        return new
+
+    ctx = SimpleNamespace(
+        options=SimpleNamespace(timing=TimingMode.EAGER, rigour=QUICK),
+        task=SimpleNamespace(timing={"cuda": SimpleNamespace(fresh_rounds_below_ms=0.1)}),
+        device=SimpleNamespace(type="cuda"), traffic=lambda params: None)
+    reference = [Benchmark(params={"n": n}, dtype="float32",
+                           reference=SimpleNamespace(ms=ms)) for n, ms in ((1, 0.01), (2, 5.0))]
+    pool = SimpleNamespace(main=_Reference(events, 0),
+                           rounds=[_Reference(events, r) for r in range(QUICK.fresh_rounds)],
+                           copy_gbps=None, failures=lambda: set())
+    result = SimpleNamespace(benchmarks=[], timing_s={})
+    judge = SimpleNamespace(checked=lambda check: check(), disturbed=lambda: False)
+    alternating.time_submission(ctx, main, result, reference, pool, open_rounds, judge)
+    return events[1:]
+
+
+def test_launch_bound_rounds_open_their_processes_at_once_and_stop_all_for_the_reference(
+        monkeypatch):
+    processes: list[_Process] = []
+    events = _time(monkeypatch, processes)
+    assert events[0] == ("opened", QUICK.fresh_rounds)
+    # Every process of the submission is stopped while the reference runs, and the others
+    # while one is timed; a round's process ends once its round is done.
+    for kind, *rest, states in (e for e in events if e[0] in ("reference", "round")):
+        me = rest[0] if kind == "round" else None
+        assert all(frozen != (name == me) for name, frozen in states.items()), (kind, rest)
+    fresh = [(e[0], e[1]) for e in events if e[0] != "opened" and (len(e) < 3 or e[2] == 1)]
+    assert fresh == [("reference", 0), ("round", "main"),
+                     ("reference", 1), ("round", "round2"), ("close", "round2"),
+                     ("reference", 2), ("round", "round3"), ("close", "round3")]
+    # The case that is not launch-bound: its rounds in the submission's own process.
+    assert [(e[0], e[1]) for e in events if len(e) > 2 and e[2] == 2] == \
+        [("reference", 0), ("round", "main")] * QUICK.rounds
+    assert all(p.closed for p in processes[1:]) and not processes[0].closed
+
+
+def test_a_round_that_fails_leaves_no_process_of_the_submission_open(monkeypatch):
+    processes: list[_Process] = []
+    with pytest.raises(Stop):
+        _time(monkeypatch, processes, fail_round=1)
+    # round 2's process failed; round 3's, loaded beside it, is closed too
+    assert [p.name for p in processes] == ["main", "round2", "round3"]
+    assert all(p.closed for p in processes[1:])
