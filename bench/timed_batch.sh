@@ -14,8 +14,11 @@
 #                                       built cold on every core (bench/build_cost.py, plain)
 #   bench/timed_batch.sh compare A B    kbench compare of two of those runs
 #   bench/timed_batch.sh load GPU...    two busy processes per core on every core, and on
-#                                       each GPU given one grade of l2norm v3-v8 and the
-#                                       forged-stopwatch fixtures, all at once (warm builds)
+#                                       each GPU given RUNS (1) grades of l2norm v3-v8 and the
+#                                       forged-stopwatch fixtures, all at once (warm builds);
+#                                       SIZES="16 16384 4096 4096" times only those sizes
+#   bench/timed_batch.sh few PROBLEM... those level-1 problems' samples, --profile quick, cold,
+#                                       on one GPU: where each timed sample's seconds went
 #
 # Each step stops itself within LIMIT_S (default 560) seconds and leaves its figures in $OUT.
 set -uo pipefail
@@ -79,23 +82,51 @@ again)
 compare)
     python3 -m kbench compare $W/$2 $W/$3 2>&1 | tee "$OUT/compare-$2-$3.txt" | tail -60
     ;;
+few)
+    shift
+    [ -e $W/subs ] || python3 bench/real_batch.py --leaderboard .lb --work $W --levels 1 \
+        --first 100 --layout-only > /dev/null
+    t0=$(date +%s)
+    timeout "$(left 15)" python3 -m kbench grade "${@/#/$W/subs/level1/}" --task $W/problems \
+        --profile quick --seed $SEED --cache-dir $W/few-cache --out $W/few > "$OUT/few.log" 2>&1
+    tail -25 "$OUT/few.log"
+    cp $W/few/results.json "$OUT/few-results.json" || exit 1
+    python3 -c "import json, statistics, sys; sys.path.insert(0, 'bench')
+from real_batch import timing_cost
+subs = json.load(open(sys.argv[1]))['submissions']
+print(*timing_cost(subs, float(sys.argv[2]), 1), sep='\n')
+stages = {k for s in subs for k in s.get('stage_s') or {}}
+print('stages (mean s):', {k: round(statistics.fmean(s['stage_s'][k] for s in subs
+      if k in (s.get('stage_s') or {})), 2) for k in sorted(stages)})" \
+        "$OUT/few-results.json" $(( $(date +%s) - t0 ))
+    ;;
 load)
     shift
+    task=tasks/l2norm.yaml
+    if [ -n "${SIZES:-}" ]; then  # the task with only these benchmark sizes (pairs)
+        task=$W/l2norm-sizes.yaml
+        python3 -c "import sys, yaml; t = yaml.safe_load(open('tasks/l2norm.yaml'))
+n = [int(v) for v in sys.argv[1].split()]
+t['benchmarks']['cuda'] = [n[i:i + 2] for i in range(0, len(n), 2)]
+yaml.safe_dump(t, open('$task', 'w'))" "$SIZES" || exit 1
+    fi
     files=(kbench/submissions/l2norm_v[3-8].py tests/fixtures/cpu_timing/l2norm_tampers_stopwatch.py
            tests/fixtures/cpu_timing/l2norm_pads_empty_pass.py tests/fixtures/gpu_timing/*.py)
-    timeout "$(left 400)" python3 -m kbench grade "${files[@]}" --task l2norm --no-timing \
+    timeout "$(left 400)" python3 -m kbench grade "${files[@]}" --task $task --no-timing \
         --cache-dir /tmp/ulc --out /tmp/ulc-warm > "$OUT/load-warm.log" 2>&1
     busy=$(( 2 * $(nproc) / $# ))
     for gpu in "$@"; do
         CUDA_VISIBLE_DEVICES=$gpu timeout "$(left 15)" python3 bench/under_load.py "${files[@]}" \
-            --device cuda --runs 1 --phases load --busy $busy -- --task l2norm --profile quick \
+            --device cuda --runs "${RUNS:-1}" --phases load --busy $busy -- --task $task \
+            --profile quick \
             --cache-dir /tmp/ulc > "$OUT/load-gpu$gpu.log" 2>&1 &
     done
     wait
     tail -n 25 "$OUT"/load-gpu*.log
     ;;
 *)
-    echo "usage: $0 cold [resume] | kb | again NAME [beside] | compare A B | load GPU..." >&2
+    echo "usage: $0 cold [resume] | kb | again NAME [beside] | compare A B | load GPU... |" \
+        "few PROBLEM..." >&2
     exit 2
     ;;
 esac
