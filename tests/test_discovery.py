@@ -53,6 +53,16 @@ def test_each_layout_finds_its_problem(problem_set, tmp_path):
     assert len(unmatched) == 1 and str(files[-1]) in unmatched[0]
 
 
+def test_a_problem_s_folder_given_itself_is_the_folder_rule(problem_set, tmp_path):
+    folder = tmp_path / "subs" / "level1" / "19_ReLU"
+    _touch(folder / "mine.py")
+    _touch(tmp_path / "subs" / "level1" / "1_Square_matmul" / "tiled.py")
+    _, problems = find_problems(str(problem_set))
+    assigned, unmatched = assign(find_files([str(folder)]), problems, [str(folder)])
+    assert {p.name: [s.name for s in subs] for p, subs in assigned.items()} == \
+        {"level1/19_ReLU": ["19_ReLU/mine"]} and not unmatched
+
+
 def test_one_named_problem_takes_any_file(problem_set, tmp_path):
     sub = _touch(tmp_path / "anything.py")
     _, problems = find_problems(str(problem_set / "level1" / "19_ReLU.py"))

@@ -149,10 +149,14 @@ def _match(file: Path, problems: list[Problem], roots: list[str], named: bool
 
 
 def _relative(file: Path, roots: list[str]) -> Path:
+    """The file's path under the folder it was found in; one directly in that folder keeps the
+    folder's name (``kbench grade subs/19_ReLU`` is the folder rule too)."""
     for root in roots:
         if Path(root).is_dir():
+            folder = Path(root).resolve()
             try:
-                return file.resolve().relative_to(Path(root).resolve())
+                relative = file.resolve().relative_to(folder)
             except ValueError:
                 continue
+            return folder.name / relative if relative.parent == Path(".") else relative
     return file.resolve()
