@@ -20,10 +20,11 @@
 #   bench/timed_batch.sh few PROBLEM... those level-1 problems' samples, --profile quick, cold,
 #                                       on one GPU: where each timed sample's seconds went
 #
-# Each step stops itself within LIMIT_S (default 560) seconds and leaves its figures in $OUT.
+# Each step stops itself within LIMIT_S (default 560) seconds and leaves its figures in $OUT;
+# FIRST (default 100) sets how many of the level-1 samples, in the leaderboard's order.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out} LIMIT_S=${LIMIT_S:-560} W=/tmp/kb SEED=20261127
+OUT=${OUT:-/tmp/out} LIMIT_S=${LIMIT_S:-560} W=/tmp/kb SEED=20261127 FIRST=${FIRST:-100}
 START=$(date +%s)
 left() { local n=$((LIMIT_S - ($(date +%s) - START) - ${1:-0})); echo $((n > 1 ? n : 1)); }
 mkdir -p "$OUT" "$W"
@@ -38,14 +39,14 @@ $(git rev-parse --short HEAD 2>/dev/null || echo '(tree)')" >> "$OUT/host.txt"
 
 batch() {  # real_batch.py over the first 100 level-1 samples; $1: kbench's --out, rest: more
     local out=$1; shift
-    python3 bench/real_batch.py --leaderboard .lb --work $W --out "$out" --levels 1 --first 100 \
+    python3 bench/real_batch.py --leaderboard .lb --work $W --out "$out" --levels 1 --first $FIRST \
         --deadline-s "$(left 20)" "$@"
 }
 
 case "${1:-}" in
 cold)
     [ -e $W/subs ] || python3 bench/real_batch.py --leaderboard .lb --work $W --levels 1 \
-        --first 100 --layout-only > /dev/null
+        --first $FIRST --layout-only > /dev/null
     [ -e $W/base.json ] || python3 bench/kb_baseline.py .kb $W/problems/level1 --level 1 \
         --out $W/base.json 2>&1 | tail -25 | tee "$OUT/baseline.log"
     cp $W/base.json "$OUT/"
@@ -85,7 +86,7 @@ compare)
 few)
     shift
     [ -e $W/subs ] || python3 bench/real_batch.py --leaderboard .lb --work $W --levels 1 \
-        --first 100 --layout-only > /dev/null
+        --first $FIRST --layout-only > /dev/null
     t0=$(date +%s)
     timeout "$(left 15)" python3 -m kbench grade "${@/#/$W/subs/level1/}" --task $W/problems \
         --profile quick --seed $SEED --cache-dir $W/few-cache --out $W/few > "$OUT/few.log" 2>&1

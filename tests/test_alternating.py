@@ -82,9 +82,12 @@ def _time(monkeypatch, processes: list[_Process], fail_round: int | None = None)
         device=SimpleNamespace(type="cuda"), traffic=lambda params: None)
     reference = [Benchmark(params={"n": n}, dtype="float32",
                            reference=SimpleNamespace(ms=ms)) for n, ms in ((1, 0.01), (2, 5.0))]
+    def ready(fresh: bool, eager: bool) -> None:
+        events.append(("ready", fresh, eager, {p.name: p.is_frozen for p in _open(events)}))
+
     pool = SimpleNamespace(main=_Reference(events, 0),
                            rounds=[_Reference(events, r) for r in range(QUICK.fresh_rounds)],
-                           copy_gbps=None, failures=lambda: set())
+                           copy_gbps=None, failures=lambda: set(), ready=ready)
     result = SimpleNamespace(benchmarks=[], timing_s={})
     judge = SimpleNamespace(checked=lambda check: check(), disturbed=lambda: False)
     alternating.time_submission(ctx, main, result, reference, pool, open_rounds, judge)
@@ -95,13 +98,14 @@ def test_launch_bound_rounds_open_their_processes_at_once_and_stop_all_for_the_r
         monkeypatch):
     processes: list[_Process] = []
     events = _time(monkeypatch, processes)
-    assert events[0] == ("opened", QUICK.fresh_rounds)
-    # Every process of the submission is stopped while the reference runs, and the others
-    # while one is timed; a round's process ends once its round is done.
-    for kind, *rest, states in (e for e in events if e[0] in ("reference", "round")):
-        me = rest[0] if kind == "round" else None
-        assert all(frozen != (name == me) for name, frozen in states.items()), (kind, rest)
-    fresh = [(e[0], e[1]) for e in events if e[0] != "opened" and (len(e) < 3 or e[2] == 1)]
+    # The reference's processes for the fresh rounds and the clock open first, the
+    # submission stopped meanwhile; then the submission's round processes, all at once.
+    assert events[:2] == [("ready", True, True, {"main": True}), ("opened", QUICK.fresh_rounds)]
+    # Every process of the submission is stopped while the reference runs; a round's
+    # process ends once its round is done.
+    for _, *rest, states in (e for e in events if e[0] == "reference"):
+        assert all(states.values()), rest
+    fresh = [(e[0], e[1]) for e in events[2:] if len(e) < 3 or e[2] == 1]
     assert fresh == [("reference", 0), ("round", "main"),
                      ("reference", 1), ("round", "round2"), ("close", "round2"),
                      ("reference", 2), ("round", "round3"), ("close", "round3")]
@@ -118,3 +122,24 @@ def test_a_round_that_fails_leaves_no_process_of_the_submission_open(monkeypatch
     # round 2's process failed; round 3's, loaded beside it, is closed too
     assert [p.name for p in processes] == ["main", "round2", "round3"]
     assert all(p.closed for p in processes[1:])
+
+
+def test_the_reference_pool_starts_only_the_processes_timing_will_open(monkeypatch, tmp_path):
+    from kbench import sandbox
+    from kbench.grading.timing import reference_pool
+
+    started = []
+    monkeypatch.setattr(sandbox, "prestart", lambda log, env, device: started.append(log.name))
+    ctx = SimpleNamespace(benchmarks=[{"n": 1}], logs=tmp_path, device=SimpleNamespace(
+        type="cuda"), task=SimpleNamespace(name="level1/19_ReLU"),
+        options=SimpleNamespace(rigour=QUICK))
+    pool = reference_pool.ReferencePool(ctx)
+    pool.prestart(fresh=True, eager=True)
+    log = "level1__19_ReLU.reference"
+    assert started == [f"{log}.round2.run.log", f"{log}.round3.run.log", f"{log}.clock.run.log"]
+    started.clear()
+    pool.prestart(fresh=False, eager=True)  # no launch-bound case: the clock's only
+    assert started == [f"{log}.clock.run.log"]
+    started.clear()
+    pool.prestart(fresh=False, eager=False)  # graph replays: no clock either
+    assert started == []

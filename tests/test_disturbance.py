@@ -147,7 +147,8 @@ def test_under_busy_loops_on_every_core_the_honest_is_ok_and_the_forged_flagged(
             [sys.executable, "-m", "kbench", "grade",
              str(FIXTURES / "cpu_timing" / "l2norm_tampers_stopwatch.py"),
              str(FIXTURES / "cpu" / "l2norm_torch_ok.py"), "--task", str(task), "--device",
-             "cpu", "--out", str(tmp_path / "out"), "--cache-dir", str(cache_dir)], cwd=ROOT,
+             "cpu", "--profile", "quick", "--out", str(tmp_path / "out"), "--cache-dir",
+             str(cache_dir)], cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
             timeout=900)
         code = done.returncode

@@ -74,18 +74,21 @@ class Channel:
         return answer
 
     def load(self, sub: Submission, instantiate: bool, class_name: str = "ModelNew",
-             compile: bool = False, stage: str = "load", shared_names: bool = False
-             ) -> protocol.Loaded:
+             compile: bool = False, stage: str = "load", shared_names: bool = False,
+             spec: protocol.ModelSpec | None = None) -> protocol.Loaded:
         """Import the file (a build); with ``instantiate``, also build the model the first
-        case runs, whose weights' checksums come back. ``shared_names``: see
-        kbench.shared.protocol.Load."""
+        case runs (``spec``, else the context's load_spec), whose weights' checksums come
+        back. ``shared_names``: see kbench.shared.protocol.Load. Given ``spec``, nothing of
+        the trusted side's shared state is touched: loads may run side by side in threads
+        (load_spec seeds torch's global generator and sets the problem's sizes)."""
         ctx = self.ctx
         limit = ctx.task.limits.build_s if not instantiate else ctx.task.limits.load_s
         return self.call(protocol.Load(
             path=str(sub.path.resolve()), module_name=f"kbench_submission_{_safe(sub.name)}",
             class_name=class_name, device=ctx.device.type,
             reference=str(ctx.task.reference_path),
-            model=ctx.load_spec() if instantiate else None, eval_mode=ctx.task.mode == "eval",
+            model=(spec or ctx.load_spec()) if instantiate else None,
+            eval_mode=ctx.task.mode == "eval",
             compile=compile, shared_names=shared_names), limit, stage)
 
     def samples(self, params: Params, rounds: int = 1, keep: bool = False) -> protocol.Samples:

@@ -17,8 +17,9 @@ from kbench.grading.building.watch import Watcher, tampered
 from kbench.grading.checking.screen import ProblemError, screen
 from kbench.grading.context import Context, Say
 from kbench.grading.jobs import Job, Sink
-from kbench.grading.options import Options
+from kbench.grading.options import Options, TimingMode
 from kbench.grading.running.submission import Slot
+from kbench.grading.timing import alternating
 from kbench.grading.timing.reference_pool import ReferencePool
 from kbench.host import activity, backends, doctor, environment
 from kbench.host.toolchain import find_toolchain
@@ -229,6 +230,8 @@ class LocalExecutor:
             compiled = pool.time_compiled()
         reference, notes = pool.table(start, None, compiled)
         sink.problem(self._problem_run(ctx, reference, pool, notes))
+        pool.prestart(bool(alternating.fresh_cases(ctx, reference)),
+                      eager=ctx.options.timing is TimingMode.EAGER)
         return reference, start, compiled
 
 

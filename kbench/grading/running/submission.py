@@ -192,12 +192,13 @@ class Slot:
         cache; none is left open if one fails."""
         ctx = self.ctx
         channels: list[Channel] = []
+        spec = ctx.load_spec()  # here, not in the threads (Channel.load)
         try:
             for r in range(1, rounds):
                 result.logs.append(str(ctx.logs / _round_log(sub, r)))
                 channels.append(Channel(ctx, _round_log(sub, r), build.env(ctx, sub)))
             with ThreadPoolExecutor(len(channels)) as loading:
-                loads = [loading.submit(c.load, sub, instantiate=True,
+                loads = [loading.submit(c.load, sub, instantiate=True, spec=spec,
                                         stage=f"load (timing round {r + 1})")
                          for r, c in enumerate(channels, start=1)]
             for load in loads:

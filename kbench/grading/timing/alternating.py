@@ -66,11 +66,13 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
         params = reference[i].params
         with part("reference"), _all_frozen(processes):  # no submission process runs
             theirs[i].append(worker.samples(i, params, count))
-        with part("rounds"), _all_frozen(p for p in processes if p is not process):
+        with part("rounds"):
             mine[i].append(process.samples(params, count, keep=True))
         with part("verify"):
             integrity.verify(ctx, process, params, mine[i][-1].kept)
 
+    with part("reference processes"), _all_frozen(processes):  # opened where none is yet
+        pool.ready(bool(fresh), eager=ctx.options.timing is TimingMode.EAGER)
     if fresh:
         with part("fresh processes"):
             processes += open_rounds(rigour.fresh_rounds)

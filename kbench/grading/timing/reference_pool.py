@@ -9,6 +9,7 @@ import time
 import psutil
 import torch
 
+from kbench import sandbox
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.checking import correctness
 from kbench.grading.context import Context
@@ -47,6 +48,22 @@ class ReferenceWorker:
         if self.channel is not None:
             self.channel.close()
             self.channel = None
+
+    def prestart(self) -> None:
+        """Its process started now, unless it is open (kbench.sandbox.prestart): the start
+        overlaps other work, and opening it later finds it ready."""
+        if self.channel is None:
+            sandbox.prestart(self.ctx.logs / f"{self.name}.run.log", child_env({}),
+                             self.ctx.device.type)
+
+    def ready(self) -> None:
+        """Open now where it can be; a failure is kept, and the round that needs it tries
+        again."""
+        if self.channel is None and self.opened <= self._REOPEN:
+            try:
+                self._open()
+            except Stop as stop:
+                self.failure = stop.verdict.reason
 
     def samples(self, index: int, params: Params, rounds: int = 1) -> Samples | None:
         """One round at benchmark ``index``; None if the reference cannot be timed."""
@@ -153,6 +170,23 @@ class ReferencePool:
     @property
     def copy_gbps(self) -> float | None:
         return self.main.copy_gbps
+
+    def prestart(self, fresh: bool, eager: bool) -> None:
+        """The processes submissions' timing will open, started now (after the reference's
+        start-of-run timing, which they would disturb): each fresh round's where a case is
+        launch-bound (``fresh``), and the clock's in eager mode (kbench's clock)."""
+        for worker in self._later(fresh, eager):
+            worker.prestart()
+
+    def ready(self, fresh: bool, eager: bool) -> None:
+        """Those processes open, one after the other (each checks the reference on the
+        trusted side's shared state), before a submission's timing begins: none starts while
+        one is timed."""
+        for worker in self._later(fresh, eager):
+            worker.ready()
+
+    def _later(self, fresh: bool, eager: bool) -> list[ReferenceWorker]:
+        return [*(self.rounds[1:] if fresh else []), *([self.clock] if eager else [])]
 
     def plan(self) -> None:
         """Which benchmark cases fit in memory here (see unfit)."""
