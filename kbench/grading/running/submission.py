@@ -197,7 +197,7 @@ class Slot:
             for r in range(1, rounds):
                 result.logs.append(str(ctx.logs / _round_log(sub, r)))
                 channels.append(Channel(ctx, _round_log(sub, r), build.env(ctx, sub)))
-            with ThreadPoolExecutor(len(channels)) as loading:
+            with ThreadPoolExecutor(max(1, len(channels))) as loading:
                 loads = [loading.submit(c.load, sub, instantiate=True, spec=spec,
                                         stage=f"load (timing round {r + 1})")
                          for r, c in enumerate(channels, start=1)]
