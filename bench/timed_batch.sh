@@ -3,13 +3,13 @@
 # machine (state in /tmp/kb). From the repository root, with .whl, .whlkb, .lb (a
 # KernelBenchLeaderboard checkout's docs/) and .kb (KernelBench's scripts/, src/) carried:
 #
-#   bench/timed_batch.sh cold [resume]  kbench on the first 100 level-1 samples, --profile
+#   bench/timed_batch.sh cold [resume]  kbench on the first FIRST level-1 samples, --profile
 #                                       quick, cold; again with "resume" until it has finished
 #   bench/timed_batch.sh kb             then KernelBench's evaluator with timing on them, cold,
 #                                       in a call of its own (a build it left killed would
 #                                       hold torch's lock), and both tools' speedups compared
 #   bench/timed_batch.sh again NAME [beside]
-#                                       the same 100 timed again (builds cached) into
+#                                       the same samples timed again (builds cached) into
 #                                       /tmp/kb/NAME; "beside": while the level-2 samples are
 #                                       built cold on every core (bench/build_cost.py, plain)
 #   bench/timed_batch.sh compare A B    kbench compare of two of those runs
@@ -37,16 +37,20 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 echo "cores $(nproc); torch $(python3 -c 'import torch; print(torch.__version__)'); commit \
 $(git rev-parse --short HEAD 2>/dev/null || echo '(tree)')" >> "$OUT/host.txt"
 
-batch() {  # real_batch.py over the first 100 level-1 samples; $1: kbench's --out, rest: more
+batch() {  # real_batch.py over the first FIRST level-1 samples; $1: kbench's --out, rest: more
     local out=$1; shift
     python3 bench/real_batch.py --leaderboard .lb --work $W --out "$out" --levels 1 --first $FIRST \
         --deadline-s "$(left 20)" "$@"
 }
 
-case "${1:-}" in
-cold)
+laid_out() {  # those samples and their problems under $W, once
     [ -e $W/subs ] || python3 bench/real_batch.py --leaderboard .lb --work $W --levels 1 \
         --first $FIRST --layout-only > /dev/null
+}
+
+case "${1:-}" in
+cold)
+    laid_out
     [ -e $W/base.json ] || python3 bench/kb_baseline.py .kb $W/problems/level1 --level 1 \
         --out $W/base.json 2>&1 | tail -25 | tee "$OUT/baseline.log"
     cp $W/base.json "$OUT/"
@@ -85,8 +89,7 @@ compare)
     ;;
 few)
     shift
-    [ -e $W/subs ] || python3 bench/real_batch.py --leaderboard .lb --work $W --levels 1 \
-        --first $FIRST --layout-only > /dev/null
+    laid_out
     t0=$(date +%s)
     timeout "$(left 15)" python3 -m kbench grade "${@/#/$W/subs/level1/}" --task $W/problems \
         --profile quick --seed $SEED --cache-dir $W/few-cache --out $W/few > "$OUT/few.log" 2>&1
