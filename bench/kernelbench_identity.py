@@ -10,7 +10,8 @@ grades them with `kbench grade` in batches, and prints which problems did not pa
 Batches of ``--batch`` problems go to ``--shards`` kbench runs side by side, each on its own
 share of the cores (its grading pinned there by kbench's host split). On a GPU a batch starts
 only where its problems' device memory, as kbench's screening estimates it (three times the
-reference's peak on the meta device: float32 and float64), fits beside the batches running;
+reference's peak on the meta device: float32 and float64) and twice that for what kbench's
+processes hold beside it, fits beside the batches running;
 the largest go first. A problem that failed on a resource (memory, a CUDA error, a timeout, a
 crash) while other batches ran is graded again alone at the end. Every verdict is kept in
 ``--results``: run again with the same file and only what is missing is graded, so
@@ -37,6 +38,10 @@ from pathlib import Path
 # (on an H200, one kbench run took 12-14 s a problem: docs/evidence/h200x2-2026-11-26-kernelbench).
 _BATCH_S, _PROBLEM_S = 40.0, 15.0
 _GPU_SHARE = 0.9  # of the device's memory, for the estimates of the batches running at once
+# What a batch's kbench processes hold on the device at once, over its largest estimate: up to
+# 1.7x on an H200 (91.6 GiB for a 54 GiB estimate; the reference's outputs, the float64
+# checks, the candidate's and the reference pool's processes, the allocators' caches).
+_HELD = 2.0
 _STOP_WAIT_S = 30.0  # a kbench run told to stop (SIGTERM) writes its reports meanwhile
 # Failures another batch on the same GPU or cores can cause: graded again alone.
 _RESOURCE = {"out_of_memory", "cuda_error", "timeout", "crashed", "internal_error",
@@ -232,12 +237,12 @@ class Scheduler:
     def _startable(self, todo: list[Batch], running: list[Batch], free: list) -> list[Batch]:
         """The batches to start now, in order; one too long for the time left is cut to what
         fits (the rest stays to do)."""
-        chosen, used = [], sum(b.need_gib for b in running)
+        chosen, used = [], sum(_HELD * b.need_gib for b in running)
         for batch in list(todo):
             if len(chosen) == len(free):
                 break
             fits = min(len(batch.problems), (self.left_s() - _BATCH_S) // _PROBLEM_S)
-            if fits < 1 or (running or chosen) and used + batch.need_gib > self.budget:
+            if fits < 1 or (running or chosen) and used + _HELD * batch.need_gib > self.budget:
                 continue
             if fits < len(batch.problems):
                 self.count += 1
@@ -245,7 +250,7 @@ class Scheduler:
                 batch.problems = batch.problems[:int(fits)]
                 todo.insert(todo.index(batch) + 1, rest)
             chosen.append(batch)
-            used += batch.need_gib
+            used += _HELD * batch.need_gib
         return chosen
 
     def _finished(self, batch: Batch) -> None:

@@ -298,3 +298,27 @@ def test_a_problem_whose_submissions_cannot_run_times_no_reference(tmp_path):
     assert problem["reference"] == []
     assert any(note.startswith("timing skipped: no submission of this problem can run here")
                for note in problem["notes"])
+
+
+def test_kbench_running_out_of_device_memory_is_the_device_s_capacity(tmp_path, cache_dir,
+                                                                       monkeypatch):
+    # kbench's own process out of CUDA memory while it checks (its float64 outputs beside the
+    # submission's processes, seen on an H100 at KernelBench's sizes): not "kbench failed",
+    # not the submission's fault, and graded again by --resume (environment_error).
+    import torch
+
+    from kbench.grading.checking import correctness
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 12.00 GiB. GPU 0 has a total capacity of "
+            "79.18 GiB of which 11.17 GiB is free. Including non-PyTorch memory, ...")
+
+    monkeypatch.setattr(correctness, "check", out_of_memory)
+    code, results = grade([str(FIXTURES / "cpu" / "l2norm_torch_ok.py"), "--task",
+                           str(quick_task(tmp_path)), "--device", "cpu", "--no-timing"],
+                          tmp_path / "out", cache_dir)
+    sub = results["submissions"][0]
+    assert code == 0 and sub["status"] == "environment_error", sub
+    assert sub["reason"].startswith("this GPU's memory is too small for kbench's own checks")
+    assert "Tried to allocate 12.00 GiB" in sub["reason"] and "Including" not in sub["reason"]

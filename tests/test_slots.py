@@ -29,12 +29,15 @@ def _kill_busy(pattern: str, killed: list[str], timeout_s: float = 120) -> None:
     while time.monotonic() < deadline:
         for proc in psutil.Process().children(recursive=True):
             try:
-                if pattern in " ".join(proc.cmdline()) and proc.children():
-                    proc.kill()
-                    killed.append(f"{proc.pid}: {' '.join(proc.cmdline())}")
-                    return
+                command = " ".join(proc.cmdline())
+                if pattern not in command or not proc.children():
+                    continue
+                proc.kill()
             except psutil.Error:
                 continue
+            # Once: a second slot killed could take the first's unit again, past its retry.
+            killed.append(f"{proc.pid}: {command}")
+            return
         time.sleep(0.2)
 
 

@@ -9,6 +9,8 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
+
 from kbench import sandbox
 from kbench.grading.building import build
 from kbench.grading.building.build import Built
@@ -76,8 +78,7 @@ class Slot:
             except Stop as stop:
                 verdict, result.failure = stop.verdict, stop.failure
             except Exception as exc:  # a kbench bug must not end the run or blame the submission
-                traceback.print_exc()
-                verdict = Verdict(Status.INTERNAL_ERROR, f"kbench failed: {exc!r}")
+                verdict = _grader_failed(exc)
             finally:  # round workers a failing check left unused
                 for r in range(1, ctx.options.rigour.fresh_rounds):
                     sandbox.drop_spare(ctx.logs / _round_log(sub, r))
@@ -212,6 +213,19 @@ class Slot:
 
 def _round_log(sub: Submission, r: int) -> str:
     return f"{sub.log_name}.round{r + 1}.log"
+
+
+def _grader_failed(exc: Exception) -> Verdict:
+    """kbench's own failure while it graded. Its process running out of device memory is this
+    device's capacity (kbench's reference outputs and float64 checks beside the submission's
+    and the reference's processes), not a bug and not the submission's doing: the verdict
+    that says so is never reused from the store (kbench.results.store), a larger GPU grades it."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        said = " ".join(str(exc).split(". ")[:3])
+        return Verdict(Status.ENVIRONMENT_ERROR, "this GPU's memory is too small for kbench's "
+                       f"own checks of this problem beside its processes: {said}"[:400])
+    traceback.print_exc()
+    return Verdict(Status.INTERNAL_ERROR, f"kbench failed: {exc!r}")
 
 
 def _kernelbench_ranks(ctx: Context) -> bool:
