@@ -62,6 +62,11 @@ class Batch:
     log: Path | None = None
     read: int = 0  # bytes of its log already scanned for progress lines
 
+    @property
+    def held_gib(self) -> float:
+        """What its kbench run's processes hold on the device at once, as packing counts it."""
+        return _HELD * self.need_gib
+
 
 def list_problems(root: Path, levels: list[int], only: list[str]) -> dict[str, Path]:
     """``level1/19_ReLU`` -> its file, for the levels asked (``only``: names holding a word)."""
@@ -237,12 +242,12 @@ class Scheduler:
     def _startable(self, todo: list[Batch], running: list[Batch], free: list) -> list[Batch]:
         """The batches to start now, in order; one too long for the time left is cut to what
         fits (the rest stays to do)."""
-        chosen, used = [], sum(_HELD * b.need_gib for b in running)
+        chosen, used = [], sum(b.held_gib for b in running)
         for batch in list(todo):
             if len(chosen) == len(free):
                 break
             fits = min(len(batch.problems), (self.left_s() - _BATCH_S) // _PROBLEM_S)
-            if fits < 1 or (running or chosen) and used + _HELD * batch.need_gib > self.budget:
+            if fits < 1 or (running or chosen) and used + batch.held_gib > self.budget:
                 continue
             if fits < len(batch.problems):
                 self.count += 1
@@ -250,7 +255,7 @@ class Scheduler:
                 batch.problems = batch.problems[:int(fits)]
                 todo.insert(todo.index(batch) + 1, rest)
             chosen.append(batch)
-            used += _HELD * batch.need_gib
+            used += batch.held_gib
         return chosen
 
     def _finished(self, batch: Batch) -> None:

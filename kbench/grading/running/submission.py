@@ -223,7 +223,8 @@ def _grader_failed(exc: Exception) -> Verdict:
     if isinstance(exc, torch.cuda.OutOfMemoryError):
         said = " ".join(str(exc).split(". ")[:3])
         return Verdict(Status.ENVIRONMENT_ERROR, "this GPU's memory is too small for kbench's "
-                       f"own checks of this problem beside its processes: {said}"[:400])
+                       "own checks of this problem beside its processes (a GPU with more free "
+                       f"memory grades it): {said}"[:400])
     traceback.print_exc()
     return Verdict(Status.INTERNAL_ERROR, f"kbench failed: {exc!r}")
 
