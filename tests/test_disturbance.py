@@ -174,11 +174,12 @@ def test_under_busy_loops_on_every_core_the_honest_is_ok_and_the_forged_flagged(
 
 
 def _clock(monkeypatch, passes: list[tuple[float, float]], disturbed: bool,
-           kbench_empty: list[float] = ()) -> tuple[Benchmark, list]:
+           kbench_empty: list[float] = (), median: float = 1.0, device: str = "cpu"
+           ) -> tuple[Benchmark, list]:
     """kbench's clock over passes whose round trips (without and with the calls, ms per call
-    of the pass) are ``passes`` in order, for a submission whose stopwatch says 1 ms a call on
-    a CPU, with empty trips of ``kbench_empty`` ms per call timed by kbench's process; the
-    passes left untimed."""
+    of the pass) are ``passes`` in order, for a submission whose stopwatch says 1 ms a call at
+    its fastest and ``median`` at its median, with empty trips of ``kbench_empty`` ms per call
+    timed by kbench's process; the passes left untimed."""
     from types import SimpleNamespace
 
     import torch
@@ -187,11 +188,12 @@ def _clock(monkeypatch, passes: list[tuple[float, float]], disturbed: bool,
     from kbench.grading.timing import integrity
     left = list(passes)
     monkeypatch.setattr(integrity, "_clocked_pass",
-                        lambda *args: tuple(ms * 20 / 1e3 for ms in left.pop(0)))  # 20 calls
+                        lambda ctx, channel, bench, calls: tuple(ms * calls / 1e3
+                                                                  for ms in left.pop(0)))
     ctx = SimpleNamespace(options=SimpleNamespace(timing=TimingMode.EAGER),
-                          device=torch.device("cpu"))
-    bench = Benchmark(params={"rows": 8}, dtype="float32",
-                      candidate=Measurement(ms=1.0, ci=[0.99, 1.01], samples=50))
+                          device=torch.device(device))
+    bench = Benchmark(params={"rows": 8}, dtype="float32", candidate=Measurement(
+        ms=median, ci=[0.99, median + 0.01], samples=50, fastest_ms=1.0, host_ms=0.0))
     integrity.trusted_clock(ctx, None, bench, lambda: disturbed,
                             lambda calls, passes: [ms * calls / 1e3 for ms in kbench_empty])
     return bench, left
@@ -227,6 +229,22 @@ def test_the_clock_subtracts_empty_trips_no_slower_than_kbench_s_own(monkeypatch
     # An honest worker's empty trips are as short as kbench's: nothing changes for it.
     bench, _ = _clock(monkeypatch, [(0.1, 1.2)] * 6, disturbed=False, kbench_empty=[0.1] * 3)
     assert bench.candidate.trusted_ms == pytest.approx(1.1)
+
+
+def test_on_a_cpu_the_clock_s_best_pass_is_held_to_the_fastest_call(monkeypatch):
+    # Busy loops stretched a stopwatch forged to a third (3 ms calls said to take 1 ms at best,
+    # 2 ms at the median): against its median (4 ms allowed) the clock's 3 ms a call passed;
+    # against its fastest call (2.5 ms allowed) it fails. An honest call's best pass is no
+    # slower than its fastest call: it passes.
+    forged = [(0.1, 3.1)] * 48
+    with pytest.raises(TimingFlag, match=r"explains 1 ms \(1 ms its fastest timed call\)"):
+        _clock(monkeypatch, forged, disturbed=True, median=2.0)
+    bench, _ = _clock(monkeypatch, [(0.1, 1.2)] * 6, disturbed=True, median=2.0)
+    assert bench.candidate.trusted_ms == pytest.approx(1.1)
+    # On CUDA the stopwatch is device time, which host load does not stretch: its median
+    # (3 ms: 3.55 allowed, where its fastest call would allow 1.25).
+    bench, _ = _clock(monkeypatch, forged, disturbed=False, median=3.0, device="cuda")
+    assert bench.candidate.trusted_ms == pytest.approx(3.0)
 
 
 def test_a_clocked_pass_is_sized_by_its_input_draws_as_timed_in_kbench_s_process(monkeypatch):

@@ -35,7 +35,7 @@ def test_summarise_gives_median_interval_bandwidth_and_clocks():
 
 def test_rounds_are_pooled():
     m = measurement.summarise([samples([1.0] * 10), samples([3.0] * 11)], None)
-    assert m.samples == 21 and m.ms == 3.0 and m.gbps is None
+    assert m.samples == 21 and m.ms == 3.0 and m.gbps is None and m.fastest_ms == 1.0
 
 
 @pytest.mark.parametrize("bad, message", [

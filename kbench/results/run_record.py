@@ -33,6 +33,7 @@ class Measurement:
     gbps: float | None = None
     side_work_ms: float | None = None  # work left on other streams per call, charged (median)
     host_ms: float | None = None  # median host time to issue one call (not in ``ms`` on CUDA)
+    fastest_ms: float | None = None  # the fastest sample (kbench's clock checks it on a CPU)
     sm_mhz: float | None = None  # median SM clock over the samples (NVML), None where unread
     mem_mhz: float | None = None
     max_sm_mhz: int | None = None

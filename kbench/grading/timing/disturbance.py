@@ -4,11 +4,10 @@ by another build or timing of kbench beside it (kbench.host.activity) or by othe
 keeping cores busy (kbench.host.load), is not final: the submission is graded again alone once
 everything else of the run is done, so that load that passes (builds, other slots' timings)
 convicts nobody. There, the clock's flag stands, busy host or not: no allowance for load can
-be granted safely, because load inflates a forged stopwatch's own figures too (the clock takes
-its best pass, the stopwatch's figure is a median): under an allowance of 2x for a host that
-stayed busy, a stopwatch forged to a third was graded ok on a CI machine. The ordering check,
-whose side work is already charged to the call's time, becomes a note on a host that stays
-busy."""
+be granted safely, because load inflates a forged stopwatch's own figures too: under an
+allowance of 2x for a host that stayed busy, a stopwatch forged to a third was graded ok on a
+CI machine. The ordering check, whose side work is already charged to the call's time,
+becomes a note on a host that stays busy."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def summarise(rounds: list[Samples], nbytes: int | None) -> Measurement:
         ms=est.median, ci=[est.low, est.high], samples=est.samples,
         gbps=nbytes / (est.median * 1e-3) / 1e9 if nbytes else None,
         side_work_ms=side if charged else None,
-        host_ms=statistics.median(v for r in rounds for v in r.host_ms),
+        host_ms=statistics.median(v for r in rounds for v in r.host_ms), fastest_ms=min(ms),
         sm_mhz=_median([v for r in rounds for v in r.sm_mhz]),
         mem_mhz=_median([v for r in rounds for v in r.mem_mhz]),
         max_sm_mhz=max_sm[0] if max_sm else None,
