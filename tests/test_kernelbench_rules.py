@@ -3,10 +3,13 @@ KernelBench's rules recorded (results.json, results.csv, the summary), and --rul
 with another tolerance ranking by it. Problems and submissions in tests/fixtures/kb_rules."""
 
 import csv
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import FIXTURES, by_name, grade
+from conftest import FIXTURES, ROOT, by_name, grade
 
 from kbench.cli import commands as cli
 from kbench.grading.checking import causes, kernelbench_rules
@@ -83,11 +86,53 @@ def test_the_comparison_is_torch_allclose_after_a_shape_check():
     tol = kernelbench_rules.Tolerance(1e-4, 1e-4)
     ref = torch.tensor([1.0, -2.0, float("inf"), 0.0])
     for out in (ref.clone(), ref + torch.tensor([1e-4, -2e-4, 0.0, 5e-5]),
-                ref + torch.tensor([3e-4, 0.0, 0.0, 0.0]), ref * float("nan")):
+                ref + torch.tensor([3e-4, 0.0, 0.0, 0.0]), ref * float("nan"),
+                torch.tensor([1.0, float("inf"), float("inf"), 0.0]), -ref):
         failure = kernelbench_rules.allclose_failure([out], "tensor", [ref], "tensor", tol)
         assert (failure is None) == torch.allclose(ref, out, atol=1e-4, rtol=1e-4), out
     assert "output shape (3,), expected (4,)" in kernelbench_rules.allclose_failure(
         [ref[:3]], "tensor", [ref], "tensor", tol)
+
+
+def test_the_comparison_holds_a_chunk_at_a_time_and_complex_values_whole(monkeypatch):
+    from kbench.grading.checking import compare
+    tol = kernelbench_rules.Tolerance(1e-4, 1e-4)
+    ref = torch.randn(5000, generator=torch.Generator().manual_seed(1))
+    off = ref.clone()
+    off[[7, 4321]] += 1e-2
+    off[999] = float("nan")
+    whole = [kernelbench_rules.allclose_failure([o], "tensor", [ref], "tensor", tol)
+             for o in (ref.clone(), off)]
+    monkeypatch.setattr(compare, "_CHUNK", 777)  # not a divisor: a short last chunk
+    assert [kernelbench_rules.allclose_failure([o], "tensor", [ref], "tensor", tol)
+            for o in (ref.clone(), off)] == whole
+    assert whole == [None, "3 of 5000 values beyond atol=rtol=0.0001 (max abs err 0.01)"]
+    # torch.allclose compares complex values whole: a wrong imaginary part fails
+    zref = torch.complex(ref, ref.flip(0))
+    zoff = torch.complex(ref, ref.flip(0) + 1e-2)
+    for out in (zref.clone(), zoff):
+        failure = kernelbench_rules.allclose_failure([out], "tensor", [zref], "tensor", tol)
+        assert (failure is None) == torch.allclose(zref, out, atol=1e-4, rtol=1e-4)
+
+
+def test_the_comparison_s_scratch_memory_is_bounded_whatever_the_output_s_size():
+    # Whole float64 copies of an 8 GiB output and their temporaries did not fit an H200 beside
+    # the worker (KernelBench's level1/38_L1Norm_ at its own sizes). A 256 MiB output here:
+    # its float64 copies alone would add 1 GiB to the peak; the chunks add a fraction of that.
+    script = """
+import resource, torch
+from kbench.grading.checking import kernelbench_rules
+ref = torch.rand(1 << 26)
+out = ref + 1e-6
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+tol = kernelbench_rules.Tolerance(1e-4, 1e-4)
+assert kernelbench_rules.allclose_failure([out], "t", [ref], "t", tol) is None
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 2**20)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) < 1.25, done.stdout  # GiB added to the peak (2.5 before)
 
 
 def test_a_build_error_from_a_removed_torch_api_names_the_installed_torch():

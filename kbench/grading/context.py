@@ -168,6 +168,13 @@ class Context:
                 self.task.mode == "eval")
         return self._models[key]
 
+    def release(self) -> None:
+        """Device memory this process's caching allocator holds unused, given back: the
+        worker, at a problem's own sizes, may need most of the device (its float64 copies
+        here take twice an output's bytes, and the allocator keeps them reserved)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def without_float64(self) -> None:
         """The reference cannot run in float64 here: its exact outputs come from float32."""
         self.exact_dtype = "float32"

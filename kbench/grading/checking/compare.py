@@ -4,6 +4,7 @@ dtype, device, then values."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -85,11 +86,22 @@ def compare_in_chunks(out: list, structure: str, expected: list, expected_struct
     return Comparison(True)
 
 
-def _chunked(mine: torch.Tensor, want: torch.Tensor, tol: Tolerance, chunk: int) -> Comparison:
+def wide_chunks(mine: torch.Tensor, want: torch.Tensor, wide: torch.dtype = torch.float64,
+                chunk: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Two tensors of one shape, ``chunk`` of their flat elements at a time (default
+    _CHUNK), each chunk in ``wide``: scratch memory bounded whatever the output's size.
+    float64 copies of a whole 8 GiB output, and their temporaries, did not fit an H200 beside
+    the worker (KernelBench's level1/38_L1Norm_ at its own sizes)."""
+    size = chunk or _CHUNK
     got, ref = mine.detach().reshape(-1), want.reshape(-1)
-    scale = _finite_rms(ref, chunk)
-    for start, (a, b) in enumerate(zip(got.split(chunk), ref.split(chunk), strict=True)):
-        outcome = compare_values(a.to(torch.float64), b.to(torch.float64), tol, scale)
+    for a, b in zip(got.split(size), ref.split(size), strict=True):
+        yield a.to(wide), b.to(wide)
+
+
+def _chunked(mine: torch.Tensor, want: torch.Tensor, tol: Tolerance, chunk: int) -> Comparison:
+    scale = _finite_rms(want.reshape(-1), chunk)
+    for start, (a, b) in enumerate(wide_chunks(mine, want, chunk=chunk)):
+        outcome = compare_values(a, b, tol, scale)
         if not outcome.ok:
             return Comparison(False, f"from flat element {start * chunk}: {outcome.reason}",
                               outcome.max_abs_err, outcome.max_rel_err)
@@ -226,10 +238,9 @@ def needed_scale(out: list, expected: list, exact: list, tol: Tolerance) -> floa
             if not torch.equal(mine, want):
                 return math.inf
             continue
-        got, ref = mine.detach().reshape(-1), best.reshape(-1)
-        rms = _finite_rms(ref, _CHUNK)
-        for a, b in zip(got.split(_CHUNK), ref.split(_CHUNK), strict=True):
-            worst = max(worst, _scale_needed(a.to(torch.float64), b.to(torch.float64), tol, rms))
+        rms = _finite_rms(best.reshape(-1), _CHUNK)
+        for a, b in wide_chunks(mine, best):
+            worst = max(worst, _scale_needed(a, b, tol, rms))
             if worst == math.inf:
                 return worst
     return worst

@@ -94,6 +94,7 @@ def check(ctx: Context, channel: Channel, sub: Submission,
         if result is not None and role in ("once", "first"):
             result.cases_passed += 1
         del inputs, sent, request, answer, out  # before the next case's: one case at a time
+        ctx.release()
         while len(returned) > 1 and sum(r.nbytes for r in returned) > _HELD_BYTES:
             recheck(ctx, sub, returned[:1])
             del returned[0]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from kbench.grading.channel import Channel, Stop
+from kbench.grading.checking.compare import wide_chunks
 from kbench.grading.context import Context
 from kbench.problems.discovery import Submission
 from kbench.problems.task import Params
@@ -109,20 +110,26 @@ def _trials(ctx: Context, channel: Channel) -> tuple[Verdict, int]:
     for trial, seed in enumerate(trial_seeds(), start=1):
         stage = (f"KernelBench trial {trial} of {TRIALS} ({params_text(params)} {dtype}, "
                  f"seed {seed})")
-        drawn = inputs.draw(ctx.reference, params, dtype, inputs.PROBLEM, seed, "cpu")
-        args = [a.to(ctx.device) if isinstance(a, torch.Tensor) else a for a in drawn]
+        args = [a.to(ctx.device) if isinstance(a, torch.Tensor) else a
+                for a in inputs.draw(ctx.reference, params, dtype, inputs.PROBLEM, seed, "cpu")]
         expected, structure = ctx.reference_output(spec, args)
+        # The worker gets copies (an output may alias an input it could write); what the
+        # reference's run left reserved here goes back to the device first.
+        request = protocol.Run([_copy(a) for a in args], spec)
+        del args
+        ctx.release()
         try:
-            answer = channel.call(protocol.Run([_copy(a) for a in args], spec),
-                                  ctx.task.limits.case_s, stage)
+            answer = channel.call(request, ctx.task.limits.case_s, stage)
         except Stop as stop:
             return stop.verdict, trial - 1
+        del request
         if isinstance(answer, protocol.Unsupported):
             return Verdict(Status.WRONG_OUTPUT, f"{stage}: returned {answer.output_type}"), \
                 trial - 1
         wrong = allclose_failure(answer.returned, answer.structure, expected, structure, tol)
         if wrong:
             return Verdict(Status.WRONG_OUTPUT, f"{stage}: {wrong}"), trial - 1
+        del answer, expected  # before the next trial's
     return Verdict(Status.OK), TRIALS
 
 
@@ -141,15 +148,30 @@ def allclose_failure(out: list, structure: str, expected: list, expected_structu
         mine, want = as_tensor(mine), as_tensor(want)
         if tuple(mine.shape) != tuple(want.shape):
             return f"{where}output shape {tuple(mine.shape)}, expected {tuple(want.shape)}"
-        got, ref = mine.detach().to(torch.float64), want.to(torch.float64)
-        diff = (ref - got).abs()
-        bad = ~((diff <= tol.atol + tol.rtol * got.abs()) | (got == ref))  # NaN fails
-        if bool(bad.any()):
-            finite = diff[torch.isfinite(diff)]
-            worst = f"{float(finite.max()):.3g}" if finite.numel() else "nan"
-            return (f"{where}{int(bad.sum())} of {bad.numel()} values beyond {tol.text()} "
+        bad, worst = _beyond(mine, want, tol)
+        if bad:
+            return (f"{where}{bad} of {want.numel()} values beyond {tol.text()} "
                     f"(max abs err {worst})")
     return None
+
+
+def _beyond(mine: torch.Tensor, want: torch.Tensor, tol: Tolerance) -> tuple[int, str]:
+    """torch.allclose's test (NaN fails, an infinity matches only itself) a chunk at a time,
+    in float64 (complex128 where either is complex, whose moduli it compares): the values
+    beyond ``tol``, and the largest finite error ("nan" where none is finite)."""
+    wide = torch.complex128 if mine.is_complex() or want.is_complex() else torch.float64
+    bad, worst, finite_seen = 0, 0.0, False
+    for got, ref in wide_chunks(mine, want, wide):
+        diff = (ref - got).abs()
+        within = diff <= got.abs().mul_(tol.rtol).add_(tol.atol)
+        within &= torch.isfinite(diff)  # an infinity is close only to itself
+        within |= got == ref
+        bad += within.numel() - int(within.sum())
+        finite = diff[torch.isfinite(diff)]
+        if finite.numel():
+            worst, finite_seen = max(worst, float(finite.max())), True
+        del got, ref, diff, within, finite  # before the next chunk's
+    return bad, f"{worst:.3g}" if finite_seen else "nan"
 
 
 def loosest_passed(out: list, structure: str, expected: list, expected_structure: str,

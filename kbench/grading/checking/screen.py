@@ -91,8 +91,7 @@ def screen(ctx: Context) -> None:
     elif ctx.cases:
         ctx.degenerate += probes.independence(
             ctx, probes.representative(ctx, ctx.cases, elements))
-    if ctx.device.type == "cuda":  # the workers need the memory screening held
-        torch.cuda.empty_cache()
+    ctx.release()  # the workers need the memory screening held
 
 
 @dataclass(frozen=True)

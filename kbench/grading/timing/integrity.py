@@ -9,8 +9,6 @@ import random
 import time
 from collections.abc import Callable
 
-import torch
-
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.checking.compare import compare_in_chunks
 from kbench.grading.context import Context
@@ -115,8 +113,7 @@ def verify(ctx: Context, channel: Channel, params: Params, kept: list[int]) -> N
         if not outcome.ok:
             raise Stop(Verdict(Status.WRONG_OUTPUT, f"{where}: wrong output: {outcome.reason}"))
     del items, answer
-    if ctx.device.type == "cuda":
-        torch.cuda.empty_cache()
+    ctx.release()
     # The worker holds the outputs until told; the next round, on either side, needs the
     # memory (see reference_pool.unfit for the plan).
     channel.call(protocol.Release(), ctx.task.limits.case_s, stage)
