@@ -35,14 +35,13 @@ _MAX_COPY_SHARE = 1.5
 # submission's median says fill _CLOCKED_MS (within 1 and _CLOCKED_MAX_CALLS), so the round
 # trip's noise is small beside it. The submission's figure (see _stopwatch) plus its host
 # dispatch time must explain that pass's time per call, within this share of the figure plus
-# this many ms (wider on a CPU, where a pass of warm calls and the cold timed ones differ
-# more). Where the
-# best pass fails, as many passes again are timed and the best of all counts: an honest
-# kernel's excess varies from pass set to pass set (on an H200 at 32768x65535, 4.4 ms a call,
-# one set of 48 went 7 % past the slack with two GPUs busy), a kernel hiding work fails every
-# pass. On a disturbed host (other processes on the cores, kbench's own builds beside it) up to
-# _DISTURBED_ROUNDS sets are timed: a pass only gains time from load, so the more passes, the
-# likelier one ran undisturbed, while a kernel hiding work fails every one of them too.
+# this many ms (wider on a CPU, where a pass of warm calls and the cold timed ones differ more).
+# Where the best pass fails, as many passes again are timed and the best of all counts: an
+# honest kernel's excess varies from pass set to pass set (on an H200 at 32768x65535, 4.4 ms a
+# call, one set of 48 went 7 % past the slack with two GPUs busy), a kernel hiding work fails
+# every pass. On a disturbed host (other processes on the cores, kbench's own builds beside it)
+# up to _DISTURBED_ROUNDS sets are timed: a pass only gains time from load, so the more passes,
+# the likelier one ran undisturbed, while a kernel hiding work fails every one of them too.
 _CLOCKED_PASSES = 3
 _CLOCKED_ROUNDS = 2
 _DISTURBED_ROUNDS = 8
@@ -131,20 +130,19 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
                   disturbed: Callable[[], bool] = lambda: False,
                   kbench_empty: Callable[[int, int], list[float]] = lambda calls, passes: []
                   ) -> None:
-    """Time calls on kbench's own clock, where the worker cannot reach: passes of calls back
-    to back on fresh input sets (see kbench.worker.kept.clocked), each call followed by a
+    """Time calls on kbench's own clock, where the worker cannot reach: passes of calls back to
+    back on fresh input sets (see kbench.worker.kept.clocked), each call followed by a
     device-wide synchronisation, no hold, no flush, as one request whose round trip is timed
     here, and the same request with no call in it. The shortest trip with the calls less the
-    shortest without, per call (over a second set of passes where the first set fails), must
-    be explained by the submission's figure (_stopwatch) plus its host dispatch time; work
-    hidden from the
-    stopwatch, or a stopwatch tampered with in the worker, shows up as the difference: flagged.
-    The trips without calls include ``kbench_empty(calls, passes)``'s, timed in a process of
-    kbench's (the reference's): a worker slowing its own empty trips cannot shorten the
-    difference; a short empty pass there first gives the input draws' cost (clocked_calls).
+    shortest without, per call (over a second set of passes where the first set fails), must be
+    explained by the submission's figure (_stopwatch) plus its host dispatch time; work hidden
+    from the stopwatch, or a stopwatch tampered with in the worker, shows up as the difference:
+    flagged. The trips without calls include ``kbench_empty(calls, passes)``'s, timed in a
+    process of kbench's (the reference's): a worker slowing its own empty trips cannot shorten
+    the difference; a short empty pass there first gives the input draws' cost (clocked_calls).
     The passes' outputs are verified too. Where the sets fail while ``disturbed()`` says the
-    host is disturbed, more sets are timed (_DISTURBED_ROUNDS in all). Eager mode only: a
-    graph replay's figures leave out the per-call dispatch that such a pass includes."""
+    host is disturbed, more sets are timed (_DISTURBED_ROUNDS in all). Eager mode only: a graph
+    replay's figures leave out the per-call dispatch that such a pass includes."""
     if ctx.options.timing is not TimingMode.EAGER:
         return
     mine = bench.candidate
