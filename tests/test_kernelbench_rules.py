@@ -135,6 +135,64 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 2**20)
     assert float(done.stdout) < 1.25, done.stdout  # GiB added to the peak (2.5 before)
 
 
+_IN_PLACE = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x.mul_(2)
+
+
+def get_inputs():
+    return [torch.randn(64, 32)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_trial_inputs_are_drawn_once_per_problem_and_kept_unwritten(tmp_path, monkeypatch):
+    # At a problem's own sizes the five CPU draws took 80 s of each submission: the second
+    # submission of a problem gets the first's draws, unwritten by the reference that ran on
+    # them in place (KernelBench hands its new model the inputs its reference wrote: so here).
+    from kbench.grading.context import Context
+    from kbench.grading.options import Options
+    from kbench.host.toolchain import Toolchain
+    from kbench.problems.load import load_task
+    from kbench.shared import inputs, protocol
+    from kbench.shared.outputs import flatten
+
+    path = tmp_path / "in_place.py"
+    path.write_text(_IN_PLACE)
+    options = Options(device="cpu", out_dir=tmp_path / "out", cache_dir=tmp_path / "cache",
+                      jobs=1, seed=3)
+    ctx = Context.create(load_task(str(path)), options, Toolchain(None, None, "9.0"))
+    draws = []
+    real_draw = inputs.draw
+    monkeypatch.setattr(inputs, "draw", lambda *a: draws.append(a) or real_draw(*a))
+
+    class Echo:  # returns what it is sent: the input the reference doubled, as expected
+        def __init__(self) -> None:
+            self.sent: list[torch.Tensor] = []
+
+        def call(self, request, timeout, stage):
+            self.sent.append(request.inputs[0].clone())
+            out, structure = flatten(request.inputs[0].clone())
+            return protocol.Ran(out, out, structure, False)
+
+    first, second = Echo(), Echo()
+    assert kernelbench_rules._trials(ctx, first)[0].status is Status.OK
+    assert kernelbench_rules._trials(ctx, second)[0].status is Status.OK
+    assert len(draws) == kernelbench_rules.TRIALS  # the first submission's only
+    assert all(torch.equal(a, b) for a, b in zip(first.sent, second.sent, strict=True))
+    seed = kernelbench_rules.trial_seeds()[0]
+    fresh = real_draw(ctx.reference, kernelbench_rules.own_params(ctx), "float32",
+                      inputs.PROBLEM, seed, "cpu")[0]
+    assert torch.equal(first.sent[0], 2 * fresh)
+
+
 def test_a_build_error_from_a_removed_torch_api_names_the_installed_torch():
     removed = Verdict(Status.BUILD_ERROR, 'main.cu(12): error: no suitable conversion function '
                       'from "c10::DeprecatedTypeProperties" to "c10::ScalarType" exists')

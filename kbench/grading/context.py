@@ -66,6 +66,9 @@ class Context:
     degenerate: list[str] = field(default_factory=list)
     exact_dtype: str = "float64"  # "float32" where an op of the reference has no float64
     _models: dict[str, Any] = field(default_factory=dict, repr=False)
+    # KernelBench's trials' inputs as drawn on the CPU, by seed, for the problem's next
+    # submission (kbench.grading.checking.kernelbench_rules)
+    trial_inputs: dict[int, list] = field(default_factory=dict, repr=False)
 
     @classmethod
     def create(cls, task: Task, options: Options, toolchain: Toolchain,
