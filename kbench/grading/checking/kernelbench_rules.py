@@ -141,9 +141,10 @@ def _trials(ctx: Context, channel: Channel) -> tuple[Verdict, int]:
 def _drawn(ctx: Context, params: Params, dtype: str, seed: int) -> list:
     """A trial's inputs, drawn on the CPU under its seed as KernelBench draws them: the same
     for every submission of the problem, so kept on ``ctx`` for the next one while all kept
-    take at most _KEPT_SHARE of the host's available memory. At a problem's own sizes a
-    draw is one CPU thread's work (1.9 G normal values: some 8 s): the five trials took 80 s
-    of each submission of level1/37_FrobeniusNorm_ on an H200, the checks 2.5 s."""
+    take at most _KEPT_SHARE of the host's available memory. A draw is one CPU thread's work
+    (1.9 G normal values at level1/37_FrobeniusNorm_'s own sizes: 7.5 s on a 2-core VM's
+    thread); that problem's five trials took 80 s of its submission on an H200, its checks
+    2.5 s."""
     if seed in ctx.trial_inputs:
         return ctx.trial_inputs[seed]
     drawn = inputs.draw(ctx.reference, params, dtype, inputs.PROBLEM, seed, "cpu")
