@@ -168,7 +168,7 @@ def _fits_in_memory(ctx: Context, case: Case) -> None:
         return
     need = 3 * work.peak_bytes  # in the case's dtype, then in float64 (twice the bytes)
     if ctx.device.type == "cuda":
-        torch.cuda.empty_cache()  # what earlier cases held is free for this one
+        ctx.release()  # what earlier cases held is free for this one
         free, where = torch.cuda.mem_get_info(ctx.device)[0], "device"
     else:
         free, where = psutil.virtual_memory().available, "host"

@@ -262,7 +262,7 @@ def unfit(ctx: Context, params: Params) -> str | None:
     for verification must fit, about twice the bytes one call must move."""
     need = 2 * ctx.traffic(params)
     if ctx.device.type == "cuda":
-        torch.cuda.empty_cache()
+        ctx.release()
         free, where = torch.cuda.mem_get_info(ctx.device)[0], "on the device"
     else:
         free = min(psutil.virtual_memory().available,
