@@ -16,8 +16,9 @@
 #               pytest: one part of the bundled submissions each (bundled-dsl: the TileLang
 #               and CuTe DSL l2norms at the full task's sizes; needs the DSL wheels)
 #   warm        builds every CUDA C++ source the GPU tests build into $KBENCH_CACHE_DIR
-#   par S@G ... on a host of several GPUs: steps side by side, step S on GPU G and its 16 cores
-#               (every file they write in par.tgz; par.log says how each ended)
+#   par S@G ... on a host of several GPUs: steps side by side, step S on GPU G (or GPUs G,H,..)
+#               and its share of the cores (every file they write in par.tgz; par.log says
+#               how each ended); kb spreads its lanes over the GPUs it is given
 #
 # Every step first installs the carried wheels (.whl), kbench itself, and keeps any DSL wheel
 # part carried in this call (.whl43/pN) in /tmp/whl43; once every part is there, the DSL
@@ -110,7 +111,7 @@ kb() {  # KernelBench levels 1-3, own sizes; the verdicts so far in $KBID/identi
     [ -e "$KBID/identity.json" ] || [ ! -e .kbid/identity.json ] || cp .kbid/identity.json "$KBID/"
     local out="$KBID/out-$(date +%s)"
     python3 bench/kernelbench_identity.py .kbprob --levels 1 2 3 --device cuda --own-sizes \
-        --shards "${KB_SHARDS:-6}" --batch "${KB_BATCH:-10}" \
+        --shards "${KB_SHARDS:-6}" --batch "${KB_BATCH:-10}" ${KB_GPUS:+--gpus "$KB_GPUS"} \
         --deadline-s "$(left 60)" --results "$KBID/identity.json" --out "$out"
     cp "$KBID/identity.json" "$OUT/kb.json"
     tar -czf "$OUT/kb.tgz" -C "$out" --exclude='*.sqlite*' --exclude=index.html . 2>/dev/null
@@ -127,17 +128,20 @@ gpu_tests() {  # pytest on tests/test_gpu.py, tests named by -k "$2"; the report
     return $code
 }
 
-par() {  # each "STEP@GPU" on GPU GPU and its 16 cores, side by side; their files in par.tgz
+par() {  # each "STEP@G[,H...]" on those GPUs and their cores, side by side; files in par.tgz
     local spec pids=() main=$OUT
+    local per=$(($(nproc) / $(nvidia-smi -L | wc -l)))  # cores a GPU
     OUT=$main/par && mkdir -p "$OUT"
     for spec in "$@"; do
         (
-            gpu=${spec#*@} cores="$((${spec#*@} * 16))-$((${spec#*@} * 16 + 15))"
-            export CUDA_VISIBLE_DEVICES=$gpu
+            gpus=${spec#*@} cores=""
+            for g in ${gpus//,/ }; do cores+="${cores:+,}$((g * per))-$((g * per + per - 1))"; done
+            export CUDA_VISIBLE_DEVICES=$gpus KB_GPUS=$gpus
             taskset -cp "$cores" "$BASHPID" >/dev/null || python3 -c "import os; \
-os.sched_setaffinity($BASHPID, range($((gpu * 16)), $((gpu * 16 + 16))))"
+os.sched_setaffinity($BASHPID, [c for r in '$cores'.split(',') \
+for a, b in [map(int, r.split('-'))] for c in range(a, b + 1)])" || exit 1
             run_step "${spec%@*}" >"$OUT/${spec%@*}.log" 2>&1
-            echo "${spec%@*} on GPU $gpu (cores $cores): exit $? after $(($(date +%s) - START)) s"
+            echo "${spec%@*} on GPU(s) $gpus (cores $cores): exit $? after $(($(date +%s) - START)) s"
         ) &
         pids+=($!)
     done

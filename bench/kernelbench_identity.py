@@ -8,12 +8,14 @@ grades them with `kbench grade` in batches, and prints which problems did not pa
         --shards 4 --results /tmp/kbid/identity.json --deadline-s 470
 
 Batches of ``--batch`` problems go to ``--shards`` kbench runs side by side, each on its own
-share of the cores (its grading pinned there by kbench's host split). On a GPU a batch starts
+share of the cores (its grading pinned there by kbench's host split); with ``--gpus`` the runs
+are spread over those GPUs, each GPU's runs on its share of the cores. On a GPU a batch starts
 only where its problems' device memory, as kbench's screening estimates it (three times the
 reference's peak on the meta device: float32 and float64) and twice that for what kbench's
-processes hold beside it, fits beside the batches running;
+processes hold beside it, fits beside the batches running on that GPU;
 the largest go first. A problem that failed on a resource (memory, a CUDA error, a timeout, a
-crash) while other batches ran is graded again alone at the end. Every verdict is kept in
+crash) while other batches shared its GPU (or its cores, on a CPU) is graded again alone at
+the end: one batch on each GPU at a time. Every verdict is kept in
 ``--results``: run again with the same file and only what is missing is graded, so
 ``--deadline-s`` (no batch starts that would not end by then; running ones are stopped at it)
 lets several device calls finish a long set.
@@ -51,14 +53,22 @@ _RESOURCE_WORDS = ("out of memory", "GiB of device memory", "CUDA", "CUBLAS", "C
 
 
 @dataclass
+class Lane:
+    """Where one kbench run goes: its cores, and its GPU (None: the one it inherits)."""
+
+    cores: list[int]
+    gpu: str | None = None
+
+
+@dataclass
 class Batch:
     number: int
     problems: list[str]
     need_gib: float  # the largest estimate among its problems
-    alone: bool = True  # no other batch ran beside it
+    alone: bool = True  # no other batch shared its GPU (on a CPU: ran at all) beside it
     proc: subprocess.Popen | None = None
     started: float = 0.0
-    cores: list[int] = field(default_factory=list)
+    lane: Lane = field(default_factory=lambda: Lane([]))
     log: Path | None = None
     read: int = 0  # bytes of its log already scanned for progress lines
 
@@ -104,15 +114,28 @@ def estimate_needs(paths: dict[str, Path], known: dict[str, float | None]) -> No
           flush=True)
 
 
-def gpu_gib() -> float | None:
-    """The first visible GPU's memory (nvidia-smi), or None."""
+def make_lanes(cores: list[int], gpus: list[str | None], count: int) -> list[Lane]:
+    """``count`` lanes (at least one a GPU) on ``cores``: each GPU its own slice of the cores,
+    split among its lanes; in turn over the GPUs, so that the largest batches spread out."""
+    per_gpu = max(1, count // len(gpus))
+    lanes = []
+    for g, gpu in enumerate(gpus):
+        mine = cores[g * len(cores) // len(gpus):(g + 1) * len(cores) // len(gpus)]
+        n = min(per_gpu, len(mine))
+        lanes.append([Lane(mine[k * len(mine) // n:(k + 1) * len(mine) // n], gpu)
+                      for k in range(n)])
+    return [per[k] for k in range(max(map(len, lanes))) for per in lanes if k < len(per)]
+
+
+def gpu_gib(gpu: str | None) -> float | None:
+    """That GPU's memory (nvidia-smi; None: the first visible GPU), or None."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total",
                               "--format=csv,noheader,nounits"], capture_output=True,
                              text=True, timeout=60, check=True).stdout.split()
     except (OSError, subprocess.SubprocessError):
         return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    visible = gpu or os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
     index = int(visible) if visible.isdigit() and int(visible) < len(out) else 0
     return float(out[index]) / 1024 if out else None
 
@@ -137,16 +160,19 @@ def write_batch(batch: Batch, paths: dict[str, Path], folder: Path) -> Path:
 
 
 def start(batch: Batch, subs: Path, problems: Path, args: argparse.Namespace) -> None:
-    """One kbench run for the batch, pinned to ``batch.cores``, its output in its log."""
+    """One kbench run for the batch, pinned to its lane's cores and GPU, its output in its
+    log."""
     out = args.out / "batches" / f"b{batch.number:03d}"
     out.mkdir(parents=True, exist_ok=True)
+    cores = set(batch.lane.cores)
     command = [sys.executable, "-m", "kbench", "grade", str(subs), "--task", str(problems),
-               "--device", args.device, "--jobs", str(max(2, len(batch.cores) // 2)),
+               "--device", args.device, "--jobs", str(max(2, len(cores) // 2)),
                "--out", str(out)]
     command += [] if args.timing else ["--no-timing"]
     command += ["--case", "0"] if args.own_sizes else []
-    env = {**os.environ, "OMP_NUM_THREADS": str(len(batch.cores)), "PYTHONUNBUFFERED": "1"}
-    cores = set(batch.cores)
+    env = {**os.environ, "OMP_NUM_THREADS": str(len(cores)), "PYTHONUNBUFFERED": "1"}
+    if batch.lane.gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = batch.lane.gpu
     batch.log = args.out / "batches" / f"b{batch.number:03d}.log"
     with open(batch.log, "w") as log:
         log.write(" ".join(command) + "\n")
@@ -177,18 +203,20 @@ def collect(batch: Batch, out: Path) -> dict[str, dict]:
 
 
 class Scheduler:
-    """Batches on ``shards`` lanes of cores, largest first, within the GPU's memory."""
+    """Batches on ``shards`` lanes of cores (and GPUs), largest first, within each GPU's
+    memory."""
 
     def __init__(self, args: argparse.Namespace, paths: dict[str, Path], problems: Path,
                  folder: Path, state: dict, save) -> None:
         self.args, self.paths, self.problems, self.folder = args, paths, problems, folder
         self.state, self.save = state, save
-        cores = sorted(os.sched_getaffinity(0))
-        count = min(args.shards, len(cores))
-        self.lanes = [cores[k * len(cores) // count:(k + 1) * len(cores) // count]
-                      for k in range(count)]
-        total = gpu_gib() if args.device == "cuda" else None
-        self.budget = _GPU_SHARE * total if total else float("inf")
+        self.cores = sorted(os.sched_getaffinity(0))
+        self.gpus: list[str | None] = args.gpus.split(",") if args.gpus else [None]
+        self.lanes = make_lanes(self.cores, self.gpus, args.shards)
+        self.budget = {}
+        for gpu in self.gpus:
+            total = gpu_gib(gpu) if args.device == "cuda" else None
+            self.budget[gpu] = _GPU_SHARE * total if total else float("inf")
         self.begun = args.begun  # the command's start: the deadline counts from there
         self.count = 0
 
@@ -207,7 +235,11 @@ class Scheduler:
             made.append(Batch(self.count, chunk, max(needs.get(n) or 0.0 for n in chunk)))
         return made
 
-    def run(self, todo: list[Batch], lanes: list[list[int]]) -> None:
+    def alone_lanes(self) -> list[Lane]:
+        """One lane a GPU, each on all of its GPU's cores."""
+        return make_lanes(self.cores, self.gpus, len(self.gpus))
+
+    def run(self, todo: list[Batch], lanes: list[Lane]) -> None:
         """Grade ``todo`` on ``lanes``; what a stop leaves ungraded stays missing."""
         running: list[Batch] = []
         free = list(lanes)
@@ -217,45 +249,52 @@ class Scheduler:
                 return
             for batch in self._startable(todo, running, free):
                 todo.remove(batch)
-                batch.cores = free.pop(0)
+                free.remove(batch.lane)
                 start(batch, write_batch(batch, self.paths, self.folder), self.problems,
                       self.args)
                 running.append(batch)
+                gpu = "" if batch.lane.gpu is None else f", GPU {batch.lane.gpu}"
                 print(f"[{self._clock()}] b{batch.number:03d} started: {len(batch.problems)} "
-                      f"problem(s), up to {batch.need_gib:.1f} GiB, cores {batch.cores[0]}-"
-                      f"{batch.cores[-1]}", flush=True)
+                      f"problem(s), up to {batch.need_gib:.1f} GiB, cores "
+                      f"{batch.lane.cores[0]}-{batch.lane.cores[-1]}{gpu}", flush=True)
             if not running:
                 print(f"[{self._clock()}] {sum(len(b.problems) for b in todo)} problem(s) "
                       "left for a later run: the deadline is too near", flush=True)
                 return
-            if len(running) > 1:
-                for batch in running:
+            for batch in running:
+                if any(other is not batch and other.lane.gpu == batch.lane.gpu
+                       for other in running):
                     batch.alone = False
             time.sleep(1.0)
             for batch in list(running):
                 self._progress(batch)
                 if batch.proc.poll() is not None:
                     running.remove(batch)
-                    free.append(batch.cores)
+                    free.append(batch.lane)
                     self._finished(batch)
 
-    def _startable(self, todo: list[Batch], running: list[Batch], free: list) -> list[Batch]:
-        """The batches to start now, in order; one too long for the time left is cut to what
-        fits (the rest stays to do)."""
-        chosen, used = [], sum(b.held_gib for b in running)
-        for batch in list(todo):
-            if len(chosen) == len(free):
-                break
-            fits = min(len(batch.problems), (self.left_s() - _BATCH_S) // _PROBLEM_S)
-            if fits < 1 or (running or chosen) and used + batch.held_gib > self.budget:
+    def _startable(self, todo: list[Batch], running: list[Batch],
+                   free: list[Lane]) -> list[Batch]:
+        """The batches to start now, each with the free lane it goes to: the first (largest)
+        that fits beside what runs on that lane's GPU; one too long for the time left is cut
+        to what fits (the rest stays to do)."""
+        chosen: list[Batch] = []
+        left = self.left_s()  # problems that fit in the time left (no deadline: any)
+        fits = sys.maxsize if left == float("inf") else int((left - _BATCH_S) // _PROBLEM_S)
+        for lane in free:
+            beside = [b for b in running + chosen if b.lane.gpu == lane.gpu]
+            used = sum(b.held_gib for b in beside)
+            batch = next((b for b in todo if b not in chosen and fits >= 1 and not (
+                beside and used + b.held_gib > self.budget[lane.gpu])), None)
+            if batch is None:
                 continue
             if fits < len(batch.problems):
                 self.count += 1
-                rest = Batch(self.count, batch.problems[int(fits):], batch.need_gib)
-                batch.problems = batch.problems[:int(fits)]
+                rest = Batch(self.count, batch.problems[fits:], batch.need_gib)
+                batch.problems = batch.problems[:fits]
                 todo.insert(todo.index(batch) + 1, rest)
+            batch.lane = lane
             chosen.append(batch)
-            used += batch.held_gib
         return chosen
 
     def _finished(self, batch: Batch) -> None:
@@ -336,6 +375,8 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=1, help="kbench runs side by side, each "
                         "on its share of the cores (on a GPU, within its memory)")
     parser.add_argument("--batch", type=int, default=10, help="problems per kbench run")
+    parser.add_argument("--gpus", help="GPUs to spread the runs over, e.g. 0,1,2 (physical "
+                        "indices; default: the first visible GPU)")
     parser.add_argument("--deadline-s", type=float, help="start no batch that would not end "
                         "within this many seconds of the start; stop the running ones then")
     parser.add_argument("--results", type=Path, help="the verdicts so far (JSON), read and "
@@ -369,7 +410,7 @@ def main() -> int:
         again = [n for n in paths if n in state["results"] and needs_alone(state["results"][n])]
         if again:
             print(f"grading {len(again)} problem(s) again alone: {', '.join(again)}", flush=True)
-            scheduler.run(scheduler.batches(again), [sorted(os.sched_getaffinity(0))])
+            scheduler.run(scheduler.batches(again), scheduler.alone_lanes())
     print("\n" + "\n".join(summary(list(paths), state)))
     return 0
 
