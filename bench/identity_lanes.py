@@ -209,10 +209,12 @@ class Scheduler:
         chosen: list[Batch] = []
         left = self.left_s()  # problems that fit in the time left (no deadline: any)
         fits = sys.maxsize if left == float("inf") else int((left - _BATCH_S) // _PROBLEM_S)
+        if fits < 1:
+            return []
         for lane in free:
             beside = [b for b in running + chosen if b.lane.gpu == lane.gpu]
             used = sum(b.held_gib for b in beside)
-            batch = next((b for b in todo if b not in chosen and fits >= 1 and not (
+            batch = next((b for b in todo if b not in chosen and not (
                 beside and used + b.held_gib > self.budget[lane.gpu])), None)
             if batch is None:
                 continue

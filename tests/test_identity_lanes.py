@@ -51,3 +51,14 @@ def test_a_batch_alone_on_its_gpu_starts_even_past_the_budget_and_one_at_a_time(
     huge, other = il.Batch(1, ["a"], 60.0), il.Batch(2, ["b"], 1.0)
     chosen = scheduler._startable([huge, other], [], [lane])
     assert [b.number for b in chosen] == [1]  # the one lane: the largest first, alone
+
+
+def test_near_the_deadline_a_batch_is_cut_to_what_fits_and_then_none_starts() -> None:
+    scheduler = _scheduler("0", 100.0)
+    scheduler.args.deadline_s = il._BATCH_S + 2.5 * il._PROBLEM_S  # room for two problems
+    todo = [il.Batch(1, ["a", "b", "c", "d", "e"], 1.0)]
+    chosen = scheduler._startable(todo, [], scheduler.lanes[:1])
+    assert [b.problems for b in chosen] == [["a", "b"]]
+    assert [b.problems for b in todo] == [["a", "b"], ["c", "d", "e"]]  # the rest stays to do
+    scheduler.args.deadline_s = il._BATCH_S  # no room for one
+    assert scheduler._startable(todo[1:], [], scheduler.lanes[:1]) == []
