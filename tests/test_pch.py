@@ -112,3 +112,18 @@ def test_flag_sets_are_read_from_literal_load_inline_calls():
     computed = 'load_inline(name="d", cpp_sources=s, extra_cflags=flags)'
     counts = pch.variants([plain, cuda, empty, computed, "x = (", plain + "\n" + plain])
     assert counts == {pch.Variant(False): 2, pch.Variant(True, ("-O3",)): 2}
+
+
+def test_a_header_that_fails_to_build_is_reported_by_the_line_naming_its_error(tmp_path,
+                                                                                monkeypatch):
+    # gcc on a full disk: the cause, then "compilation terminated.", which alone says nothing
+    compiler = tmp_path / "fullcxx"
+    compiler.write_text("#!/bin/sh\necho 'kbench_torch.h: fatal error: cannot write PCH file: "
+                        "No space left on device' >&2\necho 'compilation terminated.' >&2\n"
+                        "exit 1\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    failed = pch._build_all(tmp_path, {pch.Variant(False): FLAGS}, {}, 0)
+    assert failed == ["kbench_torch.h: fatal error: cannot write PCH file: No space left on "
+                      "device"]
+    assert not list(tmp_path.glob(".tmp-*"))  # its temporary folder removed

@@ -233,7 +233,7 @@ def _build_all(where: Path, todo: dict[Variant, list[str]], build_env: dict[str,
     for process, tmp, target in running:
         _, err = process.communicate()
         if process.returncode != 0:
-            failed.append((err.strip().splitlines() or ["?"])[-1])
+            failed.append(_cause(err))
             shutil.rmtree(tmp, ignore_errors=True)
             continue
         for file in tmp.iterdir():
@@ -244,6 +244,13 @@ def _build_all(where: Path, todo: dict[Variant, list[str]], build_env: dict[str,
         except OSError:  # made meanwhile by a kbench that did not take the lock
             shutil.rmtree(tmp, ignore_errors=True)
     return failed
+
+
+def _cause(stderr: str) -> str:
+    """The compiler's line that says why it failed: the last one naming an error (gcc ends a
+    fatal error, such as a full disk, with "compilation terminated.", which says nothing)."""
+    lines = stderr.strip().splitlines() or ["?"]
+    return next((line for line in reversed(lines) if "error" in line.lower()), lines[-1])
 
 
 @cache
