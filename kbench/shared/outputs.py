@@ -62,3 +62,9 @@ def as_tensor(leaf: Any) -> torch.Tensor:
     if type(leaf) is torch.Tensor:
         return leaf
     return torch.tensor(leaf, dtype=torch.float64 if type(leaf) is float else None)
+
+
+def own_copy(leaf: Any) -> Any:
+    """A plain tensor cloned (storage of its own, which no other process can write), anything
+    else as it is."""
+    return leaf.clone() if type(leaf) is torch.Tensor else leaf

@@ -20,6 +20,7 @@ from kbench.problems.discovery import Submission
 from kbench.results.run_record import SubmissionResult, error_line
 from kbench.results.verdict import Status, Verdict
 from kbench.shared import protocol
+from kbench.shared.outputs import own_copy
 
 _random = random.SystemRandom()  # choices a submission must not be able to predict
 
@@ -70,7 +71,7 @@ def check(ctx: Context, channel: Channel, sub: Submission,
     first_again = None
     for case, role in _with_repeat(ctx):
         inputs = ctx.draw(case.params, case.dtype, case.distribution, case.seed)
-        sent = [_copy(t) for t in inputs]  # shared with the worker: its writes show here
+        sent = [own_copy(t) for t in inputs]  # shared with the worker: its writes show here
         request = protocol.Run(sent, ctx.spec(case.params, case.dtype))
         try:
             answer = channel.call(request, ctx.task.limits.case_s, case.describe())
@@ -82,7 +83,7 @@ def check(ctx: Context, channel: Channel, sub: Submission,
                                f"{answer.output_type}, expected dense tensors or Python numbers, "
                                "or tuples and lists of them"),
                        ctx.failure(sub, case))
-        out = [_copy(v) for v in answer.returned]  # the grader's own: no worker can write it
+        out = [own_copy(v) for v in answer.returned]  # the grader's own: no worker can write it
         _judge(ctx, sub, case, inputs, sent, answer, out)
         if role == "again":
             _same_twice(ctx, sub, case, first_again, out)
@@ -124,10 +125,6 @@ def _with_repeat(ctx: Context) -> list[tuple[Case, str]]:
                    scale=pick.scale * _TWIN_SLACK)
     order[last + 1:last + 1] = [(pick, "again"), (twin, "twin")]
     return order
-
-
-def _copy(value: object) -> object:
-    return value.clone() if type(value) is torch.Tensor else value
 
 
 def _judge(ctx: Context, sub: Submission, case: Case, inputs: list, sent: list,

@@ -30,7 +30,7 @@ from kbench.problems.task import Params
 from kbench.results.run_record import RuleVerdict, params_text
 from kbench.results.verdict import Status, Verdict
 from kbench.shared import inputs, protocol
-from kbench.shared.outputs import as_tensor
+from kbench.shared.outputs import as_tensor, own_copy
 
 SEED = 42  # KernelBench's seed_num: weights, init inputs, and the trials' seeds
 TRIALS = 5  # its num_correct_trials in scripts/eval_from_generations.py
@@ -120,7 +120,7 @@ def _trials(ctx: Context, channel: Channel) -> tuple[Verdict, int]:
         expected, structure = ctx.reference_output(spec, args)
         # The worker gets copies (an output may alias an input it could write); what the
         # reference's run left reserved here goes back to the device first.
-        request = protocol.Run([_copy(a) for a in args], spec)
+        request = protocol.Run([own_copy(a) for a in args], spec)
         del args
         ctx.release()
         try:
@@ -156,10 +156,6 @@ def _drawn(ctx: Context, params: Params, dtype: str, seed: int) -> list:
 
 def _nbytes(values: list) -> int:
     return sum(v.nbytes for v in values if isinstance(v, torch.Tensor))
-
-
-def _copy(value: object) -> object:
-    return value.clone() if type(value) is torch.Tensor else value
 
 
 def allclose_failure(out: list, structure: str, expected: list, expected_structure: str,
