@@ -265,10 +265,13 @@ def option(options: list[str], flag: str) -> str | None:
 
 
 def count_slots(options: list[str]) -> int:
-    """GPUs kbench grades on: --gpus, else CPU --slots, else every GPU nvidia-smi lists."""
+    """GPUs kbench grades on: --gpus, else CPU --slots, else every visible GPU (those
+    CUDA_VISIBLE_DEVICES names, else every one nvidia-smi lists)."""
     gpus = option(options, "--gpus")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return len(gpus.split(",")) if gpus else \
-        int(option(options, "--slots") or 0) or len(nvidia_smi("index")) or 1
+        int(option(options, "--slots") or 0) or \
+        (len(visible.split(",")) if visible else len(nvidia_smi("index"))) or 1
 
 
 def kbench_run(figures: Figures, work: Path, samples: list[Sample], options: list[str],

@@ -19,6 +19,13 @@
 #                                       SIZES="16 16384 4096 4096" times only those sizes
 #   bench/timed_batch.sh few PROBLEM... those level-1 problems' samples, --profile quick, cold,
 #                                       on one GPU: where each timed sample's seconds went
+#   bench/timed_batch.sh bundled PROFILE [CACHE]
+#                                       the README's main command (kbench/submissions/) on the
+#                                       GPUs visible, each line stamped with its second, into
+#                                       $W/bundled-PROFILE; an empty build cache unless CACHE
+#                                       names one an earlier step filled; then where each
+#                                       submission's and each problem's seconds went
+#   bench/timed_batch.sh starts         what one worker's start costs (bench/worker_start.py)
 #
 # Each step stops itself within LIMIT_S (default 560) seconds and leaves its figures in $OUT;
 # FIRST (default 100) sets how many of the level-1 samples, in the leaderboard's order.
@@ -41,6 +48,13 @@ batch() {  # real_batch.py over the first FIRST level-1 samples; $1: kbench's --
     local out=$1; shift
     python3 bench/real_batch.py --leaderboard .lb --work $W --out "$out" --levels 1 --first $FIRST \
         --deadline-s "$(left 20)" "$@"
+}
+
+stamped() {  # each line with the seconds since the step began
+    python3 -u -c "import sys, time
+start = time.time()
+for line in sys.stdin:
+    print(f'{time.time() - start:7.1f} {line}', end='', flush=True)"
 }
 
 laid_out() {  # those samples and their problems under $W, once
@@ -104,6 +118,28 @@ print('stages (mean s):', {k: round(statistics.fmean(s['stage_s'][k] for s in su
       if k in (s.get('stage_s') or {})), 2) for k in sorted(stages)})" \
         "$OUT/few-results.json" $(( $(date +%s) - t0 ))
     ;;
+bundled)
+    profile=${2:-full} cache=$W/cache-${3:-bundled-$2}
+    [ -n "${3:-}" ] || rm -rf "$cache"
+    rm -rf $W/bundled-$profile
+    timeout "$(left 15)" python3 -m kbench grade kbench/submissions/ --profile "$profile" \
+        --cache-dir "$cache" --out $W/bundled-$profile 2>&1 | stamped > "$OUT/bundled-$profile.log"
+    grep -v "^ *[0-9.]* |" "$OUT/bundled-$profile.log" | tail -25
+    cp $W/bundled-$profile/results.json "$OUT/bundled-$profile.json" || exit 1
+    python3 -c "import json, statistics, sys
+run = json.load(open(sys.argv[1]))
+for p in run['problems']:
+    print(p['name'], p.get('stage_s'))
+timed = [s for s in run['submissions'] if 'timing' in s.get('stage_s', {})]
+for s in run['submissions']:
+    print(s['name'], s['status'], s.get('stage_s'), s.get('timing_s'))
+print('timing per timed submission: median', statistics.median(s['stage_s']['timing'] for s in timed),
+      'mean', round(statistics.fmean(s['stage_s']['timing'] for s in timed), 2), 'of', len(timed))" \
+        "$OUT/bundled-$profile.json"
+    ;;
+starts)
+    python3 bench/worker_start.py --device cuda --json "$OUT/starts.json"
+    ;;
 load)
     shift
     task=tasks/l2norm.yaml
@@ -130,7 +166,7 @@ yaml.safe_dump(t, open('$task', 'w'))" "$SIZES" || exit 1
     ;;
 *)
     echo "usage: $0 cold [resume] | kb | again NAME [beside] | compare A B | load GPU... |" \
-        "few PROBLEM..." >&2
+        "few PROBLEM... | bundled PROFILE [CACHE] | starts" >&2
     exit 2
     ;;
 esac

@@ -17,20 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import io
-import multiprocessing
 import os
 import pickle
-import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from enum import Enum
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +33,7 @@ import psutil
 import torch
 import torch.multiprocessing  # noqa: F401  (registers tensor sharing with the pickler)
 
-from kbench.host import interrupt, paths, proctree
+from kbench.host import interrupt, paths, proctree, spawn
 from kbench.shared import protocol
 
 _POLL_S = 0.05
@@ -108,15 +103,9 @@ class Sandbox:
         self.final_log_path = log_path
         self.memory_bytes = memory_bytes
         self.log_bytes = log_bytes
-        spare = _SPARES.pop(log_path, None)
-        if spare is not None and spare.env == env and proctree.exited(spare.proc) is None:
-            started = spare
-        else:
-            if spare is not None:
-                spare.discard()
-            started = _Started(log_path, env)
+        started = spawn.take(log_path, env)
         _place(started.proc.pid, cpus, nice)
-        self.log_path, self.scratch, self.mark = started.log_path, started.scratch, started.mark
+        self.log_path, self.scratch, self.marks = started.log_path, started.scratch, started.marks
         self.proc, self.conn = started.proc, started.conn
         # Strays that appear later are this worker's (frozen); on the clock psutil reads.
         self.started = _created(self.proc.pid)
@@ -139,9 +128,7 @@ class Sandbox:
             raise
 
     def _request(self, message: protocol.Request, timeout: float) -> object:
-        if self.proc.returncode is None:  # stopped by another worker's SIGSTOP? go on
-            with contextlib.suppress(OSError):
-                os.killpg(self.proc.pid, signal.SIGCONT)
+        self._continued()
         try:
             self.conn.send(protocol.encode(message))
         except OSError:
@@ -151,6 +138,7 @@ class Sandbox:
         checked = 0.0
         while not self.conn.poll(_POLL_S):
             self._raise_if_dead()
+            self._continued()
             if time.monotonic() - checked > _LIMITS_S:
                 self._enforce_limits()
                 checked = time.monotonic()
@@ -170,6 +158,13 @@ class Sandbox:
             message = f"the worker sent an answer kbench does not accept ({exc})"
             raise SandboxFailure(Fate.MALFORMED, message) from None
         return answer
+
+    def _continued(self) -> None:
+        """The worker continued, before a request and while kbench waits for its answer: another
+        worker may have stopped it (SIGSTOP), and have ended before it continued it."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGCONT)
 
     def _raise_if_dead(self, wait: bool = False) -> None:
         code = proctree.exited(self.proc, _EXIT_GRACE_S if wait else 0.0)
@@ -223,8 +218,8 @@ class Sandbox:
         stopped: dict[int, psutil.Process] = {}
         try:
             for _ in range(5):
-                new = [p for p in self._tree() + proctree.marked(self.mark)
-                       + proctree.strays(self.started, _OWN) if p.pid not in stopped]
+                new = [p for p in self._tree() + proctree.marked(self.marks, spawn.owned())
+                       + proctree.strays(self.started, spawn.owned()) if p.pid not in stopped]
                 if not new:
                     break
                 for proc in new:
@@ -260,7 +255,8 @@ class Sandbox:
             self.proc.wait(timeout=_EXIT_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
-        if swept := proctree.sweep(self.mark, self.proc.pid, descendants=len(stray) > 1):
+        if swept := proctree.sweep(self.marks, self.proc.pid, descendants=len(stray) > 1,
+                                   own=spawn.owned()):
             with contextlib.suppress(OSError), open(self.log_path, "a") as log:
                 log.write(f"\nkbench: killed what the worker left running after it: "
                           f"{', '.join(swept)}\n")
@@ -282,77 +278,6 @@ class Sandbox:
     def log_text(self, limit: int = 256 << 10) -> str:
         """The log, or its first and last ``limit / 2`` bytes when it is longer."""
         return read_bounded(self.log_path, limit)
-
-
-class _Started:
-    """A worker process as started: torch imported by the time it is first asked anything,
-    and, where it was started as a spare for a CUDA device, its CUDA context made."""
-
-    def __init__(self, log_path: Path, env: dict[str, str], device: str = "") -> None:
-        interrupt.check()  # nothing new starts once kbench is told to stop
-        # Written under a private name, renamed into place on close: two graders sharing an
-        # output folder never interleave their logs.
-        self.env = env
-        self.log_path = log_path.with_name(f".{log_path.name}.{os.getpid()}.{id(self):x}")
-        self.scratch = Path(tempfile.mkdtemp(prefix="kbench-sandbox-"))
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        parent_end, child_end = socket.socketpair()
-        proctree.adopt_orphans()
-        self.mark = secrets.token_hex(8)  # in the environment of all it starts (proctree.sweep)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kbench.worker", str(child_end.fileno()), str(os.getpid()),
-                 device], cwd=self.scratch,
-                env={**env, proctree.MARK: self.mark, proctree.OWNER: proctree.owner_token()},
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                pass_fds=(child_end.fileno(),), start_new_session=True)
-        own(self.proc.pid)
-        interrupt.add_session(self.proc.pid)  # its own session, named by its pid
-        child_end.close()
-        self.conn = Connection(parent_end.detach())
-        self.conn.send_bytes(multiprocessing.current_process().authkey)
-
-    def discard(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        interrupt.drop_session(self.proc.pid)  # before it is reaped, as in Sandbox.kill
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=_EXIT_GRACE_S)
-        proctree.sweep(self.mark, self.proc.pid, descendants=True)
-        self.conn.close()
-        shutil.rmtree(self.scratch, ignore_errors=True)
-        self.log_path.unlink(missing_ok=True)
-
-
-_SPARES: dict[Path, _Started] = {}  # by the log the worker will write: one spare per use
-_OWN: set[int] = set()  # the processes kbench started itself: workers and slots
-
-
-def own(pid: int) -> None:
-    """Mark a process this one started as kbench's own (never taken for a stray)."""
-    _OWN.add(pid)
-
-
-def prestart(log_path: Path, env: dict[str, str], device: str) -> None:
-    """Start now the worker a Sandbox for ``log_path`` with ``env`` will use: its start (torch's
-    import, the CUDA context) then overlaps other work, and the Sandbox finds it ready. It is
-    a fresh process all the same, used once; one asked for with another environment is not
-    used."""
-    if log_path not in _SPARES:
-        _SPARES[log_path] = _Started(log_path, env, device)
-
-
-def drop_spare(log_path: Path) -> None:
-    """End the spare started for ``log_path`` if no Sandbox took it."""
-    spare = _SPARES.pop(log_path, None)
-    if spare is not None:
-        spare.discard()
-
-
-def drop_spares() -> None:
-    """End the spares no Sandbox took."""
-    while _SPARES:
-        _SPARES.popitem()[1].discard()
 
 
 def _created(pid: int) -> float:

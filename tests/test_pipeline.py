@@ -18,6 +18,7 @@ from kbench.grading.jobs import Job
 from kbench.grading.options import Device, Options
 from kbench.grading.running import units
 from kbench.grading.running.slots import _Dispatch
+from kbench.host import spawn
 from kbench.host.toolchain import find_toolchain
 from kbench.results.verdict import Status, Verdict
 
@@ -48,12 +49,14 @@ class _Builds:
     def __init__(self, seconds: dict[str, float] | None = None, act: dict | None = None):
         self.seconds, self.act = seconds or {}, act or {}
         self.log: list[tuple[str, str, float]] = []
+        self.nice: dict[str, int] = {}
         self.lock = threading.Lock()
 
     def __call__(self, ctx, sub, environment_problem, cores, cpus=(), nice=0, lock_wait_s=None
                  ) -> Built:
         with self.lock:
             self.log.append(("start", sub.name, time.monotonic()))
+            self.nice[sub.name] = nice
         time.sleep(self.seconds.get(sub.name, 0.05))
         if sub.name in self.act:
             self.act[sub.name]()
@@ -92,6 +95,20 @@ def test_builds_start_in_the_order_given_and_come_out_as_each_problem_s_end(tmp_
     assert all(b.verdict is None for b in first.values())
     assert set(pool.built()) == {j.path for j in jobs} and not pool.suspects()
     assert not BuildMark(options.cache_dir).busy()
+
+
+def test_the_first_builds_run_ahead_of_the_rest(tmp_path, monkeypatch):
+    # Two a slot at the pool's priority, so they come out first where builds outnumber the
+    # cores; the rest lower, still on every core.
+    options = _options(tmp_path, jobs=5)
+    jobs = _jobs(options, "scaled_add/honest", "scaled_add/ignores_alpha", "linear_relu/honest",
+                 "linear_relu/draws_first", "mean_std/honest")
+    builds = _Builds()
+    with _pipeline(options, builds, monkeypatch) as pool:
+        pool.start(jobs)
+        pool.finish()
+    nice = pool.split.nice
+    assert [builds.nice[j.name] for j in jobs] == [nice, nice] + [nice + 5] * 3
 
 
 def test_every_build_core_is_kept_busy_while_builds_are_left(tmp_path, monkeypatch):
@@ -173,22 +190,51 @@ def test_a_build_that_breaks_kbench_still_comes_out(tmp_path, monkeypatch):
         assert pool.wait(jobs) == {j.path: None for j in jobs}  # the grader builds them
 
 
-def test_units_go_to_slots_in_order_as_their_builds_come_out(tmp_path, monkeypatch):
-    options = _options(tmp_path, jobs=2)
+def test_each_slot_gets_a_problem_s_jobs_as_their_builds_come_out(tmp_path, monkeypatch):
+    options = _options(tmp_path, jobs=4)
     jobs = _jobs(options, "linear_relu/honest", "linear_relu/draws_first", "scaled_add/honest",
                  "scaled_add/ignores_alpha")
-    plan = [units.Unit(jobs[:2], None, 1, 0), units.Unit(jobs[2:], None, 1, 1)]
-    builds = _Builds(seconds={"linear_relu/honest": 1.0})
+    builds = _Builds(seconds={"linear_relu/honest": 2.0})
+    template = units.Unit([], None, 1)
     with _pipeline(options, builds, monkeypatch) as pool:
-        dispatch = _Dispatch(plan, pool)
+        dispatch = _Dispatch(jobs, pool, template)
         pool.start(jobs)
-        # The first unit waits on its slow build; the second is handed out first.
-        unit, tries = dispatch.get()
-        assert unit.number == 1 and tries == 0 and set(unit.built) == {j.path for j in jobs[2:]}
-        unit, _ = dispatch.get()
-        assert unit.number == 0 and all(b.verdict is None for b in unit.built.values())
-        assert dispatch.get() is None
+        pool.wait(jobs[1:])
+        # Not the problem's last build: a unit of what is out, the problem held open.
+        unit, tries = dispatch.get("gpu 0")
+        assert [j.name for j in unit.jobs] == ["linear_relu/draws_first"] and not unit.last
+        assert tries == 0 and set(unit.built) == {jobs[1].path}
+        unit, _ = dispatch.get("gpu 1")  # another problem, whole, closed after it
+        assert [j.name for j in unit.jobs] == ["scaled_add/honest", "scaled_add/ignores_alpha"]
+        assert unit.last and unit.number == 1
+        # linear_relu's slow build goes to gpu 0, which holds it; gpu 1 waits, then is done.
+        other: list = []
+        waiting = threading.Thread(target=lambda: other.append(dispatch.get("gpu 1")))
+        waiting.start()
+        unit, _ = dispatch.get("gpu 0")
+        waiting.join(10)
+        assert [j.name for j in unit.jobs] == ["linear_relu/honest"] and unit.last
+        assert other == [None]
         pool.finish()
+
+
+def test_an_idle_slot_takes_half_of_a_backlog_another_slot_holds(tmp_path, monkeypatch):
+    options = _options(tmp_path, jobs=4)
+    jobs = _jobs(options, "scaled_add/honest", "scaled_add/ignores_alpha", "scaled_add/sparse",
+                 "argmax_rows/honest", "argmax_rows/argmin", "argmax_rows/int32")
+    builds = _Builds(seconds={j.name: 0.6 for j in jobs[1:]})
+    with _pipeline(options, builds, monkeypatch, jobs=1) as pool:
+        dispatch = _Dispatch(jobs[:3], pool, units.Unit([], None, 1))
+        pool.start(jobs[:3])
+        pool.wait(jobs[:1])
+        first, _ = dispatch.get("gpu 0")
+        pool.wait(jobs[:3])
+        stolen, _ = dispatch.get("gpu 1")  # two ready, held by gpu 0: one of them
+        rest, _ = dispatch.get("gpu 0")
+        pool.finish()
+    assert [len(u.jobs) for u in (first, stolen, rest)] == [1, 1, 1]
+    assert not first.last and not stolen.last and rest.last
+    assert dispatch.get("gpu 1") is None
 
 
 def test_the_host_split_keeps_cores_for_timing_only_where_builds_keep_half():
@@ -206,20 +252,20 @@ def test_the_host_split_keeps_cores_for_timing_only_where_builds_keep_half():
 def test_a_worker_started_ahead_is_the_one_its_sandbox_uses(tmp_path):
     log = tmp_path / "logs" / "x.run.log"
     env = sandbox.child_env({})
-    sandbox.prestart(log, env, "cpu")
-    spare = sandbox._SPARES[log].proc.pid
+    spawn.prestart(log, env, "cpu")
+    spare = spawn._SPARES[log].proc.pid
     with sandbox.Sandbox(log, env, memory_bytes=8 << 30, log_bytes=1 << 20) as box:
         assert box.proc.pid == spare
-    sandbox.prestart(log, env, "cpu")
-    other = sandbox._SPARES[log].proc
+    spawn.prestart(log, env, "cpu")
+    other = spawn._SPARES[log].proc
     with sandbox.Sandbox(log, {**env, "EXTRA": "1"}, memory_bytes=8 << 30,
                          log_bytes=1 << 20) as box:  # another environment: not that one
         assert box.proc.pid != other.pid
     assert other.wait(timeout=10) is not None  # the unused spare was ended
-    sandbox.prestart(log, env, "cpu")
-    gone = sandbox._SPARES[log].proc
-    sandbox.drop_spares()
-    assert gone.wait(timeout=10) is not None and not sandbox._SPARES
+    spawn.prestart(log, env, "cpu")
+    gone = spawn._SPARES[log].proc
+    spawn.drop_spares()
+    assert gone.wait(timeout=10) is not None and not spawn._SPARES
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux CPU affinity")

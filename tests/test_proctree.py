@@ -7,7 +7,7 @@ import time
 import psutil
 
 from kbench import sandbox
-from kbench.host import proctree
+from kbench.host import proctree, spawn
 
 _SPIN = ("import threading, time\n"
          "for _ in range(4):\n"
@@ -86,7 +86,7 @@ def test_frozen_leaves_kbench_s_own_children_running_and_stops_strays_whatever_t
                                   env={**sandbox.child_env({}), proctree.MARK: "another"})
         try:
             time.sleep(0.5)
-            assert [p.pid for p in proctree.strays(box.started, {box.proc.pid})] == [forged.pid]
+            assert [p.pid for p in proctree.strays(box.started, spawn.owned())] == [forged.pid]
             with box.frozen():
                 assert not proctree.stopped(mine.pid) and proctree.stopped(forged.pid)
         finally:

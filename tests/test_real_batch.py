@@ -155,9 +155,11 @@ def test_kernelbench_side(leaderboard: Path, tmp_path: Path, monkeypatch) -> Non
     assert real_batch.kb_prepare(checkout, work, mixed, [])[1] == 9  # levels mixed: one run
 
 
-def test_options_and_busy() -> None:
+def test_options_and_busy(monkeypatch) -> None:
     assert real_batch.count_slots(["--gpus", "0,3", "--profile", "quick"]) == 2
     assert real_batch.count_slots(["--slots=3"]) == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")  # a host's GPUs, two of them visible
+    assert real_batch.count_slots(["--profile", "quick"]) == 2
     assert real_batch.option(["--cuda-arch", "9.0"], "--cuda-arch") == "9.0"
     sampler = real_batch.Sampler(lambda: None, every=2.0)
     sampler.cpu = [(2.0, [100.0, 0.0, 50.0]), (4.0, [0.0, 0.0, 0.0]), (6.0, [90.0, 10.0, 20.0])]

@@ -122,7 +122,7 @@ def test_several_cpu_slots_do_not_time(tmp_path, cache_dir, capsys):
     assert "add --no-timing" in capsys.readouterr().err
 
 
-def test_a_problem_split_over_units_keeps_one_record():
+def test_a_problem_graded_on_several_slots_keeps_one_record():
     from kbench.results.run_record import Benchmark, ProblemRun
 
     class Sink:
@@ -138,13 +138,13 @@ def test_a_problem_split_over_units_keeps_one_record():
 
     sink = Sink()
     deliver = units.Delivery(sink, print)
-    deliver(record("first", "screened on gpu 0"), "gpu 0", 0)
-    deliver(record("second", "screened on gpu 1"), "gpu 1", 1)
-    deliver(record("first, end", "drifted on gpu 0"), "gpu 0", 0)
+    deliver(record("first", "screened on gpu 0"), "gpu 0", "gpu 0")
+    deliver(record("second", "screened on gpu 1"), "gpu 1", "gpu 1")
+    deliver(record("first, end", "drifted on gpu 0"), "gpu 0", "gpu 0")
     last = sink.problems[-1]
-    assert last.reference[0].dtype == "first, end"  # the first unit's table, as it last was
+    assert last.reference[0].dtype == "first, end"  # the first slot's table, as it last was
     assert last.notes[:3] == ["screened on gpu 0", "screened on gpu 1", "drifted on gpu 0"]
-    assert "graded in 2 units" in last.notes[3]
+    assert "graded in 2 places" in last.notes[3]
 
 
 def test_slots_that_cannot_start_leave_no_job_without_a_verdict(tmp_path, monkeypatch):
@@ -178,7 +178,7 @@ def test_each_unit_says_its_lines_through_its_own_emit(tmp_path, monkeypatch):
     from kbench.grading.options import Options
     from kbench.grading.running.local import LocalExecutor
 
-    monkeypatch.setattr(LocalExecutor, "run", lambda self, jobs, *rest: self.say(jobs[0].name))
+    monkeypatch.setattr(LocalExecutor, "run", lambda self, jobs, *rest, **kw: self.say(jobs[0].name))
     options = Options(device="cpu", out_dir=tmp_path, cache_dir=tmp_path, jobs=1, seed=1)
     first, second = [], []
     for name, events in (("a_0", first), ("b_0", second)):

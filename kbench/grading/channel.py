@@ -34,6 +34,7 @@ class Channel:
         self.log = ctx.logs / log_name
         self.box = Sandbox(self.log, env, memory_bytes=int(limits.host_memory_gib * 2**30),
                            log_bytes=int(limits.log_mib * 2**20), cpus=cpus, nice=nice)
+        self.timed: set[str] = set()  # the cases timed in this process (Context.timing)
 
     def __enter__(self) -> Channel:
         return self
@@ -94,13 +95,15 @@ class Channel:
     def samples(self, params: Params, rounds: int = 1, keep: bool = False) -> protocol.Samples:
         """One round of timing of one case; the worker draws the inputs from secret seeds
         and, with ``keep``, holds some outputs for kbench.grading.timing.integrity.verify."""
-        ctx = self.ctx
+        ctx, case = self.ctx, params_text(params)
         dtype = ctx.task.benchmark_dtype
+        timing = ctx.timing(rounds, again=case in self.timed)
+        self.timed.add(case)
         answer = self.call(protocol.Time(params=params, dtype=dtype,
                                          distribution=ctx.distribution,
-                                         model=ctx.spec(params, dtype),
-                                         timing=ctx.timing(rounds), keep=keep),
-                           ctx.task.limits.benchmark_s, f"benchmark {params_text(params)}")
+                                         model=ctx.spec(params, dtype), timing=timing,
+                                         keep=keep),
+                           ctx.task.limits.benchmark_s, f"benchmark {case}")
         return answer.samples
 
 

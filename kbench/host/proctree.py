@@ -20,12 +20,14 @@ _ADOPTING = False
 _EXIT_GRACE_S = 10.0
 
 
-def marked(mark: str) -> list[psutil.Process]:
-    """This process's children with ``mark`` in their environment (zombies have none)."""
+def marked(marks: tuple[str, ...], own: set[int]) -> list[psutil.Process]:
+    """This process's children with one of ``marks`` in their environment (zombies have
+    none), but for those in ``own`` (workers forked from a zygote show the zygote's mark:
+    kbench.host.spawn)."""
     found = []
     for child in psutil.Process().children():
         with contextlib.suppress(psutil.Error):
-            if child.environ().get(MARK) == mark:
+            if child.pid not in own and child.environ().get(MARK) in marks:
                 found.append(child)
     return found
 
@@ -111,8 +113,14 @@ def adopt_orphans() -> None:
                                                             0) == 0
 
 
-def sweep(mark: str, worker: int, descendants: bool) -> list[str]:
-    """Kill this process's children that carry ``mark`` in their environment (a worker's
+def adopting() -> bool:
+    """Whether this process adopts its descendants' orphans (see adopt_orphans)."""
+    return _ADOPTING
+
+
+def sweep(marks: tuple[str, ...], worker: int, descendants: bool, own: set[int]
+          ) -> list[str]:
+    """Kill this process's children that carry one of ``marks`` in their environment (a worker's
     descendants that left its tree, adopted here: see adopt_orphans), in a few rounds, as one
     may be forking more; then reap those, and the zombies of the worker's session (its
     ``descendants``, killed, adopted here as their parents died). Nothing else is reaped:
@@ -120,7 +128,7 @@ def sweep(mark: str, worker: int, descendants: bool) -> list[str]:
     environment on exec is not found."""
     swept: list[str] = []
     for _ in range(5):
-        found = [p for p in marked(mark) if p.pid != worker]
+        found = [p for p in marked(marks, own) if p.pid != worker]
         if not found:
             break
         for child in found:

@@ -192,6 +192,9 @@ class ProblemRun:
     reference: list[Benchmark] = field(default_factory=list)
     copy_gbps: float | None = None  # device-to-device copy, measured in the same run
     degenerate: str | None = None
+    # Seconds of the problem's own stages on its device: screening, the reference's timing,
+    # torch.compile of it, the drift check (a batch's cost beside its submissions').
+    stage_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)

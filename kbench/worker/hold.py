@@ -7,6 +7,7 @@ The functions relied on are bound at import, before any submission is imported.
 from __future__ import annotations
 
 import ctypes
+import functools
 import time
 from collections.abc import Callable
 
@@ -88,9 +89,16 @@ $Lspin:
 def _spin_all_sms(device: torch.device) -> Callable[[int], None] | None:
     """A launcher of ``kbench_spin`` with as many threads as every SM can hold (so no other
     kernel fits beside it until it ends) on the current stream, for ``ns`` nanoseconds; None
-    where the driver API or the PTX is unavailable."""
+    where the driver API or the PTX is unavailable. Made once per device and stream in a
+    process: the driver compiles the PTX as it loads it."""
     if device.type != "cuda":
         return None
+    return _launcher(device, _current_stream(device).cuda_stream)
+
+
+@functools.cache
+def _launcher(device: torch.device, stream_handle: int) -> Callable[[int], None] | None:
+    """See _spin_all_sms."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
         _synchronize(device)  # the runtime's primary context is current on this thread
@@ -106,13 +114,12 @@ def _spin_all_sms(device: torch.device) -> Callable[[int], None] | None:
     threads = props.max_threads_per_multi_processor
     block = min(1024, threads // 2)
     grid = props.multi_processor_count * (threads // block)
-    stream = _current_stream(device)
     ns = ctypes.c_uint64()
     params = (ctypes.c_void_p * 1)(ctypes.addressof(ns))
 
     def spin(nanoseconds: int) -> None:
         ns.value = nanoseconds
-        if launch(func, grid, 1, 1, block, 1, 1, 0, stream.cuda_stream, params, None) != 0:
+        if launch(func, grid, 1, 1, block, 1, 1, 0, stream_handle, params, None) != 0:
             raise RuntimeError("kbench's hold kernel failed to launch")
     return spin
 

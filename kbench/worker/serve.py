@@ -347,7 +347,7 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def main(argv: list[str]) -> int:
     """``CHANNEL_FD PARENT_PID [DEVICE]``: with DEVICE cuda (a spare started ahead of need,
-    kbench.sandbox.prestart), the CUDA context is made before the first request."""
+    kbench.host.spawn.prestart), the CUDA context is made before the first request."""
     _die_with_parent(int(argv[1]))
     conn = Connection(int(argv[0]))
     if argv[2:] == ["cuda"] and torch.cuda.is_available():

@@ -21,6 +21,7 @@ does not reach them.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -61,6 +62,13 @@ class _ColdCache:
             _synchronize()
 
 
+@functools.cache
+def _clocks(device: torch.device) -> Clocks:
+    """The device's NVML handle, made once per process (each round used to make its own)."""
+    return Clocks(device)
+
+
+@functools.cache
 def _persisting_l2_reset() -> Callable[[], int] | None:
     """cudaCtxResetPersistingL2Cache from the CUDA runtime this process has loaded."""
     names = [f"libcudart.so.{(torch.version.cuda or '').split('.')[0]}"]
@@ -128,7 +136,7 @@ def measure(call: Callable[[list], object], inputs: Inputs, device: torch.device
         raise ValueError(f"timing mode {mode!r}: expected 'eager', or 'graph' on CUDA")
     sync = _synchronize if cuda else (lambda: None)
     cache = _ColdCache(device, flush)
-    clocks = Clocks(device)
+    clocks = _clocks(device)
     out = Samples(max_sm_mhz=clocks.max_sm_mhz,
                   persisting_l2_reset=cache.reset is not None if cache.cuda and flush else None)
 

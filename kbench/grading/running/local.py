@@ -1,15 +1,15 @@
-"""This machine's device as an executor (kbench.grading.jobs): every build first on the host's
-build pipeline (kbench.grading.building.pipeline), or the builds a slot's unit brings, then problem
-by problem, each screened and its reference timed, its submissions graded one at a time."""
+"""This machine's device as an executor (kbench.grading.jobs): each submission graded as soon as
+its build is out of the host's build pipeline (kbench.grading.building.pipeline), or with the
+builds a slot's unit brings; each problem screened and its reference timed once, on this
+device, and held open while its submissions come (kbench.grading.running.open_problem)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 
-from kbench import sandbox
 from kbench.grading.building import build, hostsplit
 from kbench.grading.building.build import Built
 from kbench.grading.building.pipeline import Pipeline
@@ -17,26 +17,27 @@ from kbench.grading.building.watch import Watcher, tampered
 from kbench.grading.checking.screen import ProblemError, screen
 from kbench.grading.context import Context, Say
 from kbench.grading.jobs import Job, Sink
-from kbench.grading.options import Options, TimingMode
-from kbench.grading.running.submission import Slot
-from kbench.grading.timing import alternating
-from kbench.grading.timing.reference_pool import ReferencePool
-from kbench.host import activity, backends, doctor, environment
+from kbench.grading.options import Options
+from kbench.grading.running.open_problem import OpenProblem
+from kbench.host import activity, doctor, environment, spawn
 from kbench.host.toolchain import find_toolchain
 from kbench.problems.cases import CaseError
+from kbench.problems.discovery import Submission
 from kbench.problems.load import load_task
 from kbench.problems.task import TaskError
 from kbench.results.presence import Presence
-from kbench.results.run_record import Benchmark, ProblemRun, SubmissionResult
+from kbench.results.run_record import ProblemRun, SubmissionResult
 from kbench.results.verdict import Status
-from kbench.shared.protocol import Samples
+from kbench.sandbox import child_env
 
-Builds = Callable[[list[Job]], dict[str, Built | None]]  # a problem's builds, by path
+# Problems held open at once (each with its reference's processes and their device memory);
+# the least recently used is closed first, its screening and reference figures kept.
+_HELD_OPEN = 3
 
 
 class LocalExecutor:
-    """This process's device: problem by problem, each screened, its submissions evaluated
-    one at a time against one reference pool."""
+    """This process's device: submissions graded one at a time, each against its problem
+    held open here."""
 
     def __init__(self, options: Options, say: Say = lambda line: None, pin: bool = True
                  ) -> None:
@@ -53,6 +54,9 @@ class LocalExecutor:
         self.note_unwatched = True  # say at the end how often shared folders went unchecked
         self.notes: list[str] = []  # what the run's reports say about the grading itself
         self.activity = activity.Log(options.cache_dir)  # what timings beside this one see
+        # Each problem met, by (task, name): held open (or closed, kept for a later
+        # submission), or why it cannot be graded.
+        self.problems: dict[tuple[str, str], OpenProblem | str] = {}
 
     def watch_store(self, presence: Presence) -> None:
         """The store's folder counts as shared with other kbench processes too."""
@@ -79,175 +83,150 @@ class LocalExecutor:
         return env
 
     def run(self, jobs: list[Job], sink: Sink, built: dict[str, Built] | None = None,
-            defer: Callable[[Job], None] | None = None) -> None:
+            defer: Callable[[Job], None] | None = None, close: bool = True) -> None:
         """Grade ``jobs``. ``built``: what was built for them elsewhere (the driver's pipeline
         for a slot's unit, kbench.grading.running.slots; Ray build nodes, ray_tasks), and
         ``defer`` where a job goes whose grading saw kbench's files change beside those builds
         (the driver grades it again at the end); without them, a pipeline here builds the jobs
-        first."""
+        as they are graded. ``close``: the jobs' problems are closed after them (else they
+        stay open for more of their submissions: ``finish`` closes them)."""
         self.watcher.for_run([job.task for job in jobs], [job.path for job in jobs])
         if built is not None:
-            self._problems(jobs, sink, lambda group: {j.path: built.get(j.path) for j in group},
-                           defer)
+            for job in jobs:
+                self._one(job, built.get(job.path), sink, defer, None)
+            if close:
+                self.finish(sink, {(job.task, job.problem) for job in jobs})
         else:
             self._with_pipeline(jobs, sink)
         if (note := self.watcher.unwatched_note()) and self.note_unwatched:
             self.say(f"note: {note}")
             self.notes.append(note)
 
+    def finish(self, sink: Sink, keys: set[tuple[str, str]] | None = None) -> None:
+        """Close the open problems (those of ``keys``): each one's drift check and record."""
+        for key, problem in self.problems.items():
+            if (keys is None or key in keys) and isinstance(problem, OpenProblem):
+                problem.close(sink)
+                self.copy_gbps = self.copy_gbps or problem.copy_gbps
+
     def _with_pipeline(self, jobs: list[Job], sink: Sink) -> None:
-        """Every build first, on the pool's cores, then grading (on the timing cores): in one
-        process a grading window beside running builds could not tell their writes from its
-        submission's. A suspect of the pool's window is built again alone and graded last."""
+        """Each job graded as soon as its build is out (the pool's cores build, the timing
+        cores grade); where timing shares every core (the CPU device, a host too small to
+        split), every build first. A suspect of the pool's window is built again alone and
+        graded last, and so is a job deferred by its grading."""
         ordered = [job for group in _groups(jobs).values() for job in group]
         deferred: list[Job] = []  # timing flags raised on a disturbed host: timed again
         with Pipeline(self.options, self.toolchain, self.environment_problem, self.split,
                       self.say) as pipeline, _pinned(self.split.timing[0]):
             pipeline.start(ordered)
+            if self.options.timed and not self.split.split:
+                pipeline.finish()
+            self._as_built(ordered, sink, pipeline, deferred.append)
             pipeline.finish()
-            self._problems(ordered, sink, pipeline.wait, deferred.append)
             suspects = pipeline.suspects()
             if suspects or deferred:
                 built = {**pipeline.built(), **(pipeline.settle() if suspects else {})}
                 if deferred:
                     self.say(f"timing {len(deferred)} submission(s) again, alone: their "
                              "flags were raised while the host was disturbed")
-                self._problems(suspects + deferred, sink,
-                               lambda group: {j.path: built.get(j.path) for j in group}, None)
+                for job in suspects + deferred:
+                    self._one(job, built.get(job.path), sink, None, None)
+                self.finish(sink)
 
-    def _problems(self, jobs: list[Job], sink: Sink, builds: Builds,
-                  defer: Callable[[Job], None] | None) -> None:
-        for (task_path, name), group in _groups(jobs).items():
-            ctx = self._problem(task_path, name, group, sink)
-            if ctx is not None:
-                self._grade(ctx, group, builds, sink, defer)
+    def _as_built(self, jobs: list[Job], sink: Sink, pipeline: Pipeline,
+                  defer: Callable[[Job], None]) -> None:
+        """``jobs`` in the order their builds come out of ``pipeline``, those of a problem
+        open now first; a problem closes once its last job is graded. Suspects are left for
+        the end."""
+        pending = list(jobs)
+        while pending:
+            released, suspects = pipeline.landed(pending)
+            ready = sorted((j for j in pending if j.path in released or j.path in suspects),
+                           key=lambda j: not self._is_open(j))
+            job = ready[0]
+            pending.remove(job)
+            if job.path in released:
+                upcoming = next((j.submission() for j in ready[1:] if _runs(released.get(j.path))),
+                                None)
+                self._one(job, released[job.path], sink, defer, upcoming)
+            key = (job.task, job.problem)
+            if not any((j.task, j.problem) == key for j in pending):
+                self.finish(sink, {key})
 
-    def _problem(self, task_path: str, name: str, jobs: list[Job], sink: Sink
-                 ) -> Context | None:
-        """The problem loaded and screened here; None (each job a task_error) if it cannot
-        be graded. Raises CaseError for a ``--case`` the plan does not have."""
-        try:
-            task = load_task(task_path, name)
-            self.say(f"{name}: screening the reference on its cases")
-            ctx = Context.create(task, self.options, self.toolchain, self.say)
-            screen(ctx)
-        except CaseError:
-            raise
-        except (TaskError, ProblemError) as exc:
-            self._failed(name, task_path, str(exc), jobs, sink)
-            return None
-        except Exception as exc:  # a problem that breaks kbench's own handling of it
-            self._failed(name, task_path, f"{task_path}: {type(exc).__name__}: {exc}", jobs,
-                         sink)
-            return None
-        sink.problem(ProblemRun(name=name, path=str(task.path), digest=task.digest,
-                                notes=list(ctx.notes), degenerate=_degenerate(ctx)))
-        return ctx
+    def _is_open(self, job: Job) -> bool:
+        problem = self.problems.get((job.task, job.problem))
+        return isinstance(problem, OpenProblem) and problem.is_open
 
-    def _failed(self, name: str, task_path: str, error: str, jobs: list[Job],
-                sink: Sink) -> None:
-        self.say(f"problem error: {error}")
-        sink.problem(ProblemRun(name=name, path=task_path, digest="", error=error))
-        for job in jobs:
-            sink.result(SubmissionResult(
-                name=job.name, path=job.path, sha256=job.sha256, status=Status.TASK_ERROR,
-                reason=f"not graded: the problem {name} cannot be graded ({error})",
-                problem=name))
+    def _one(self, job: Job, built: Built | None, sink: Sink,
+             defer: Callable[[Job], None] | None, upcoming: Submission | None) -> None:
+        """One job graded on its problem (opened here if it is not yet); a problem that
+        cannot be graded gives it task_error."""
+        problem = self._open(job, sink)
+        if isinstance(problem, str):
+            sink.result(_task_error(job, problem))
+            return
+        key = (job.task, job.problem)
+        self.problems[key] = self.problems.pop(key)  # the latest used last
+        opened = [p for p in self.problems.values() if isinstance(p, OpenProblem) and p.is_open]
+        for other in opened[:max(0, len(opened) - _HELD_OPEN + (not problem.is_open))]:
+            other.close(sink)  # the least recently used: its processes and memory back
+        problem.grade(job, self._built(problem.ctx, job, built), sink, defer, upcoming)
 
-    def _grade(self, ctx: Context, jobs: list[Job], builds: Builds, sink: Sink,
-               defer: Callable[[Job], None] | None) -> None:
-        self.watcher.for_task(ctx)
-        with ReferencePool(ctx, self.copy_gbps) as pool:
-            built = self._built(ctx, jobs, builds(jobs))
-            with self.activity.record("timing", f"{ctx.task.name}/reference"):
-                reference, start, compiled = self._reference_at_start(
-                    pool, sink, _runnable(ctx, [j for j in jobs if j.path in built], built))
-            slot, timed = Slot(ctx, self.watcher, pool), False
-            jobs = [job for job in jobs if job.path in built]  # the rest: graded at the end
+    def _open(self, job: Job, sink: Sink) -> OpenProblem | str:
+        """The job's problem, loaded and screened here the first time (its record stored);
+        why it cannot be graded, if it cannot. Raises CaseError for a ``--case`` the plan
+        does not have."""
+        key, name = (job.task, job.problem), job.problem
+        if key not in self.problems:
+            started = time.monotonic()
             try:
-                for k, job in enumerate(jobs):
-                    upcoming = next((j.submission() for j in jobs[k + 1:k + 2]
-                                     if built[j.path].verdict is None), None)
-                    result = slot.evaluate(job.submission(), built[job.path], reference,
-                                           upcoming, can_defer=defer is not None,
-                                           retimed=job.retimed)
-                    if result is None:
-                        defer(replace(job, retimed=slot.deferred))
-                        continue
-                    sink.result(result)
-                    timed = timed or any(b.candidate for b in result.benchmarks)
-            finally:
-                sandbox.drop_spares()
-            if timed:  # the reference once more: did the machine drift meanwhile?
-                self.say(f"{ctx.task.name}: timing the reference again (drift check)")
-                with self.activity.record("timing", f"{ctx.task.name}/reference"):
-                    table, notes = pool.table(start, pool.time_all(start), compiled)
-                sink.problem(self._problem_run(ctx, table, pool, notes))
-            self.copy_gbps = self.copy_gbps or pool.copy_gbps
+                task = load_task(job.task, name)
+                self.say(f"{name}: screening the reference on its cases")
+                ctx = Context.create(task, self.options, self.toolchain, self.say)
+                for env in (child_env({}), build.env(ctx, job.submission())):
+                    spawn.warm(env)  # the workers of both sides, forked from now on
+                screen(ctx)
+            except CaseError:
+                raise
+            except (TaskError, ProblemError) as exc:
+                return self._failed(key, job.task, str(exc), sink)
+            except Exception as exc:  # a problem that breaks kbench's own handling of it
+                return self._failed(key, job.task, f"{job.task}: {type(exc).__name__}: {exc}",
+                                    sink)
+            problem = OpenProblem(ctx, self.watcher, self.activity, self.copy_gbps)
+            problem.stage_s["screening"] = round(time.monotonic() - started, 2)
+            sink.problem(problem.record())
+            self.problems[key] = problem
+        return self.problems[key]
 
-    def _built(self, ctx: Context, jobs: list[Job], built: dict[str, Built | None]
-               ) -> dict[str, Built]:
-        """The pipeline's builds; one it did not make (its problem did not load there) is
-        made here, watched."""
-        made = {}
-        for path, b in built.items():
-            if b is None:
-                sub = next(j for j in jobs if j.path == path).submission()
-                changed = self.watcher.watch([sub.path], [ctx.logs, build.folder(ctx, sub)])
-                b = build.build(ctx, sub, self.environment_problem,
-                                self.split.cores_per_build())
-                if lines := changed().lines:
-                    b = Built(tampered("while building", lines), b.seconds)
-            made[path] = b
+    def _failed(self, key: tuple[str, str], task_path: str, error: str, sink: Sink) -> str:
+        self.say(f"problem error: {error}")
+        sink.problem(ProblemRun(name=key[1], path=task_path, digest="", error=error))
+        self.problems[key] = error
+        return error
+
+    def _built(self, ctx: Context, job: Job, built: Built | None) -> Built:
+        """The job's build; one the pipeline did not make (its problem did not load there)
+        is made here, watched."""
+        if built is not None:
+            return built
+        sub = job.submission()
+        changed = self.watcher.watch([sub.path], [ctx.logs, build.folder(ctx, sub)])
+        made = build.build(ctx, sub, self.environment_problem, self.split.cores_per_build())
+        if lines := changed().lines:
+            return Built(tampered("while building", lines), made.seconds)
         return made
 
-    def _problem_run(self, ctx: Context, table: list[Benchmark], pool: ReferencePool,
-                     notes: list[str]) -> ProblemRun:
-        return ProblemRun(name=ctx.task.name, path=str(ctx.task.path), digest=ctx.task.digest,
-                          notes=list(ctx.notes) + notes, reference=table,
-                          copy_gbps=pool.copy_gbps, degenerate=_degenerate(ctx))
 
-    def _reference_at_start(self, pool: ReferencePool, sink: Sink, runnable: bool
-                            ) -> tuple[list[Benchmark], list[Samples | None],
-                                       tuple[list[Samples | None], str | None] | None]:
-        """The reference (and torch.compile of it) timed, unless the run is untimed or no
-        submission of the problem can run here (``runnable``): nothing would divide it."""
-        ctx = pool.ctx
-        if not ctx.options.timed or not runnable:
-            sink.problem(self._problem_run(ctx, [], pool, [
-                "timing skipped: no submission of this problem can run here (each failed to "
-                "build or import, or was skipped)" if ctx.options.timed else
-                "timing skipped: --case selects correctness cases only"
-                if ctx.options.case_indices else "timing skipped (--no-timing)"]))
-            return [], [], None
-        pool.plan()
-        self.say(f"{ctx.task.name}: timing the reference on {len(ctx.benchmarks)} shape(s) "
-                 f"({ctx.options.timing.value})")
-        start, compiled = pool.time_all(), None
-        if ctx.task.timing[ctx.device.type].compile_reference and \
-                ctx.options.rigour.compile_baseline:
-            self.say(f"{ctx.task.name}: timing torch.compile of the reference")
-            compiled = pool.time_compiled()
-        reference, notes = pool.table(start, None, compiled)
-        sink.problem(self._problem_run(ctx, reference, pool, notes))
-        pool.prestart(bool(alternating.fresh_cases(ctx, reference)),
-                      eager=ctx.options.timing is TimingMode.EAGER)
-        return reference, start, compiled
+def _runs(built: Built | None) -> bool:
+    return built is not None and built.verdict is None
 
 
-def _runnable(ctx: Context, jobs: list[Job], built: dict[str, Built]) -> bool:
-    """Whether any of ``jobs`` built and can run on this device (then it may be timed)."""
-    for job in jobs:
-        if built[job.path].verdict is not None:
-            continue
-        source = job.submission().path.read_text(errors="replace")
-        if backends.for_source(source).cannot_run(ctx.device.type, ctx.toolchain) is None:
-            return True
-    return False
-
-
-def _degenerate(ctx: Context) -> str | None:
-    return "; ".join(ctx.degenerate) or None
+def _task_error(job: Job, error: str) -> SubmissionResult:
+    return SubmissionResult(name=job.name, path=job.path, sha256=job.sha256,
+                            status=Status.TASK_ERROR, problem=job.problem,
+                            reason=f"not graded: the problem {job.problem} cannot be graded "
+                                   f"({error})")
 
 
 def _groups(jobs: list[Job]) -> dict[tuple[str, str], list[Job]]:

@@ -1,14 +1,16 @@
 """Every GPU of a host: one evaluation slot per device, each a process of kbench's own (trusted)
 that sees only its GPU (``CUDA_VISIBLE_DEVICES``), screens its problems, times its own
 reference workers and drift check there, and builds with its share of the host's cores. The
-driver hands out units (kbench.grading.running.units) as slots come free and alone writes the store.
+driver hands out units (kbench.grading.running.units) as builds come out and slots come free,
+a problem's to the slot that holds it open, and alone writes the store.
 
-A slot process reads one unit per line on stdin and writes one event per line on stdout
-(kbench.grading.running.units.Event), ending each unit with ``{"done": true}``; whatever else
-it prints goes to stderr."""
+A slot process reads one unit per line on stdin (or ``{"finish": true}``: close the problems it
+holds open) and writes one event per line on stdout (kbench.grading.running.units.Event), ending
+each with ``{"done": true}``; whatever else it prints goes to stderr."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import json
@@ -22,7 +24,6 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from kbench import sandbox
 from kbench.grading.building import hostsplit
 from kbench.grading.building.pipeline import Pipeline
 from kbench.grading.context import Say
@@ -30,9 +31,10 @@ from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Device, Options, OptionsError
 from kbench.grading.running import units
 from kbench.grading.running.local import LocalExecutor
-from kbench.host import interrupt, proctree
+from kbench.host import interrupt, proctree, spawn
 
 _RETRIES = 1  # a unit whose slot died is given to a slot once more, then infrastructure_error
+_STEAL = 2  # ready jobs of a problem another slot holds before an idle slot takes half
 _EXIT_WAIT_S = 5.0  # a slot process whose event stream ended is given this long to exit
 
 
@@ -84,24 +86,33 @@ class SlotsExecutor:
 
     def run(self, jobs: list[Job], sink: Sink) -> None:
         env_problem, cores = self.local.environment_problem, self.split.cores_per_build()
-        plan = units.split(jobs, len(self.slots), env_problem, cores)
         deliver = units.Delivery(sink, self.say)
+        # Largest problems first: their builds come out first, and a long problem started
+        # last would leave the other slots idle while it runs.
+        groups: dict[tuple[str, str], list[Job]] = {}
+        for job in jobs:
+            groups.setdefault(_key(job), []).append(job)
+        ordered = [j for group in sorted(groups.values(), key=len, reverse=True) for j in group]
+        template = units.Unit([], env_problem, cores, 0,
+                              tuple(dict.fromkeys(job.task for job in jobs)),
+                              tuple(job.path for job in jobs))
         with Pipeline(self.options, self.local.toolchain, env_problem, self.split,
                       self.say) as pipeline:
-            pipeline.start([job for unit in plan for job in unit.jobs])
+            pipeline.start(ordered)
             self.say(f"grading on {len(self.slots)} slot(s): "
-                     f"{', '.join(s.name for s in self.slots)}; {len(plan)} unit(s), each "
-                     "handed out once its builds are done")
-            self._serve_all(_Dispatch(plan, pipeline), deliver, self.slots)
+                     f"{', '.join(s.name for s in self.slots)}; each submission handed out as "
+                     "soon as its build is done, a problem's to the slot that holds it open")
+            work = _Dispatch(ordered, pipeline, template)
+            self._serve_all(work, deliver, self.slots)
             pipeline.finish()
             again = pipeline.suspects() + deliver.deferred
             if again:
                 self.say(f"grading {len(again)} submission(s) again, on one slot alone, now "
                          "that the builds are done")
                 builds = {**pipeline.built(), **pipeline.settle()}
-                final = replace(plan[0], jobs=again, number=len(plan), final=True, built={
+                final = replace(template, jobs=again, number=work.count, final=True, built={
                     j.path: builds[j.path] for j in again if builds.get(j.path)})
-                self._serve_all(_Dispatch([final], None), deliver, self.slots[:1])
+                self._serve_all(_Dispatch.given([final]), deliver, self.slots[:1])
         self.say("note: the slots shared the output folder and the build cache, so writes "
                  "there could not be told from a submission's and went unchecked (kbench's "
                  "code, the problems and each submission's own file stayed watched)")
@@ -119,7 +130,7 @@ class SlotsExecutor:
                 if event is None:
                     running -= 1
                 else:
-                    deliver(event, where, number)
+                    deliver(event, where, where)  # each slot times its own reference
         except interrupt.Interrupted:  # what the slots finished before they stopped is kept
             _drain(outbox, deliver, running)
             raise
@@ -130,12 +141,14 @@ class SlotsExecutor:
     def _serve(self, slot: SlotSpec, cpus: tuple[int, ...], work: _Dispatch,
                outbox: queue.Queue) -> None:
         """One slot: units as they are ready until none is left, through one process kept
-        for as long as it lives (on ``cpus``); its events into ``outbox``, then None."""
+        for as long as it lives (on ``cpus``), then the problems it holds open closed; its
+        events into ``outbox``, then None."""
         process: subprocess.Popen | None = None
         try:
-            while (taken := work.get()) is not None:
+            while (taken := work.get(slot.name)) is not None:
                 unit, tries = taken
                 if process is None or process.poll() is not None:
+                    work.forget(slot.name)  # a new process holds no problem open
                     try:
                         process = _start(slot, cpus)
                     except OSError as exc:  # this slot cannot run: its unit goes back
@@ -149,17 +162,10 @@ class SlotsExecutor:
                     continue
                 if interrupt.requested():  # told to stop: its jobs are left for --resume
                     break
-                why = f"its slot ({slot.name}) process {_ended(process)}{broke}"
-                if swept := proctree.sweep_abandoned():
-                    outbox.put((slot.name, unit.number, units.Event(
-                        say=f"killed {len(swept)} process(es) its lost slot left")))
-                if tries < _RETRIES:
-                    outbox.put((slot.name, unit.number, units.Event(
-                        say=f"lost {len(left)} job(s): {why}; queued again")))
-                    work.put(unit.rest(left), tries + 1)
-                else:
-                    for result in units.lost(left, why):
-                        outbox.put((slot.name, unit.number, units.Event(result=result)))
+                self._lost(slot, unit, tries, left, f"its slot ({slot.name}) process "
+                           f"{_ended(process)}{broke}", work, outbox)
+            if process is not None and process.poll() is None and not interrupt.requested():
+                self._unit(process, None, outbox, slot)  # its open problems closed
         finally:
             if process is not None:
                 with contextlib.suppress(OSError):
@@ -169,14 +175,32 @@ class SlotsExecutor:
             outbox.put((slot.name, -1, None))
 
     @staticmethod
-    def _unit(process: subprocess.Popen, unit: units.Unit, outbox: queue.Queue,
+    def _lost(slot: SlotSpec, unit: units.Unit, tries: int, left: list[Job], why: str,
+              work: _Dispatch, outbox: queue.Queue) -> None:
+        """Jobs a slot's process left without a result: given out once more, then
+        infrastructure_error."""
+        if swept := proctree.sweep_abandoned():
+            outbox.put((slot.name, unit.number, units.Event(
+                say=f"killed {len(swept)} process(es) its lost slot left")))
+        if tries < _RETRIES:
+            outbox.put((slot.name, unit.number, units.Event(
+                say=f"lost {len(left)} job(s): {why}; queued again")))
+            work.put(unit.rest(left), tries + 1)
+        else:
+            for result in units.lost(left, why):
+                outbox.put((slot.name, unit.number, units.Event(result=result)))
+
+    @staticmethod
+    def _unit(process: subprocess.Popen, unit: units.Unit | None, outbox: queue.Queue,
               slot: SlotSpec) -> tuple[list[Job], str]:
-        """Send ``unit``, pass its events on; the jobs left without a result, and what broke
-        the stream where it was not the process's end (else empty)."""
-        left = {job.name: job for job in unit.jobs}
+        """Send ``unit`` (None: close what the slot holds open), pass its events on; the jobs
+        left without a result, and what broke the stream where it was not the process's end
+        (else empty)."""
+        left = {job.name: job for job in unit.jobs} if unit else {}
+        number = unit.number if unit else -1
         broke = ""
         try:
-            process.stdin.write(json.dumps(unit.to_dict()) + "\n")
+            process.stdin.write(json.dumps(unit.to_dict() if unit else {"finish": True}) + "\n")
             process.stdin.flush()
             for line in process.stdout:
                 event = units.Event.from_dict(json.loads(line))
@@ -186,43 +210,87 @@ class SlotsExecutor:
                     left.pop(event.result.name, None)
                 elif event.defer is not None:
                     left.pop(event.defer.name, None)
-                outbox.put((slot.name, unit.number, event))
+                outbox.put((slot.name, number, event))
         except Exception as exc:  # the process went, or its stream broke: its jobs are left
             broke = f" ({type(exc).__name__}: {str(exc)[:160]})"
         return list(left.values()), broke
 
 
 class _Dispatch:
-    """The units of a run, each handed to a slot once the pipeline has every build of it out
-    (suspects left out: graded at the end), in the order they were planned."""
+    """The run's jobs, handed to slots as their builds come out of the pipeline (suspects left
+    out: graded at the end). A slot is given the ready jobs of one problem at a time: of a
+    problem it holds open first (screened there, its reference timed there), else of one no
+    slot holds, else, where a problem held elsewhere has a backlog, half of it (this slot
+    then screens and times the reference too: each speedup divides its own GPU's). A unit
+    that comes back (its slot was lost) goes out first, as it was."""
 
-    def __init__(self, plan: list[units.Unit], pipeline: Pipeline | None) -> None:
-        self.pipeline = pipeline
+    def __init__(self, jobs: list[Job], pipeline: Pipeline | None,
+                 template: units.Unit | None) -> None:
+        self.pipeline, self.template = pipeline, template
         self.cond = pipeline.cond if pipeline is not None else threading.Condition()
-        self.queue: list[tuple[units.Unit, int]] = [(unit, 0) for unit in plan]
+        self.pending = list(jobs)
+        self.queue: list[tuple[units.Unit, int]] = []
+        self.held: dict[str, set[tuple[str, str]]] = {}  # by slot: the problems it holds
+        self.count = 0  # units made so far (each one's number)
 
-    def get(self) -> tuple[units.Unit, int] | None:
-        """The first unit ready, waiting for one; None once none is left."""
+    @classmethod
+    def given(cls, plan: list[units.Unit]) -> _Dispatch:
+        """Units already made and built (the last pass, alone)."""
+        work = cls([], None, None)
+        work.queue = [(unit, 0) for unit in plan]
+        return work
+
+    def get(self, slot: str) -> tuple[units.Unit, int] | None:
+        """The next unit for ``slot``, waiting for one; None once none is left."""
         with self.cond:
-            while self.queue:
-                for k, (unit, tries) in enumerate(self.queue):
-                    if unit.built is None and not self.pipeline.ready(unit.jobs):
-                        continue
-                    del self.queue[k]
-                    if unit.built is None:
-                        unit = self._built(unit)
-                    if unit.jobs:
-                        return unit, tries
-                    break
-                else:
-                    self.cond.wait()
-            return None
+            while True:
+                if self.queue:
+                    return self.queue.pop(0)
+                if not self.pending:
+                    return None
+                if (unit := self._next(slot)) is not None:
+                    return unit, 0
+                self.cond.wait()
 
-    def _built(self, unit: units.Unit) -> units.Unit:
-        built = self.pipeline.built()
-        jobs = [job for job in unit.jobs if job.path in built]
-        return replace(unit, jobs=jobs,
-                       built={j.path: built[j.path] for j in jobs if built[j.path] is not None})
+    def _next(self, slot: str) -> units.Unit | None:
+        released = self.pipeline.built()
+        out = [j for j in self.pending if self.pipeline.ready([j])]
+        self.pending = [j for j in self.pending if j not in out or j.path in released]
+        chosen = self._choose(slot, [j for j in out if j.path in released])
+        if chosen is None:
+            return None
+        problem, steal = chosen
+        jobs = [j for j in out if _key(j) == problem and j.path in released]
+        jobs = jobs[:max(1, len(jobs) // 2)] if steal else jobs
+        self.pending = [j for j in self.pending if j not in jobs]
+        self.cond.notify_all()  # a slot waiting for what is left may be done
+        last = not any(_key(j) == problem for j in self.pending)
+        held = self.held.setdefault(slot, set())
+        (held.discard if last else held.add)(problem)
+        self.count += 1
+        return replace(self.template, jobs=jobs, number=self.count - 1, last=last,
+                       built={j.path: released[j.path] for j in jobs if released[j.path]})
+
+    def _choose(self, slot: str, ready: list[Job]) -> tuple[tuple[str, str], bool] | None:
+        """The problem whose ready jobs go to ``slot``, and whether they are taken from
+        another slot's backlog."""
+        mine = self.held.get(slot, set())
+        theirs = set().union(*(h for s, h in self.held.items() if s != slot))
+        for job in ready:
+            if _key(job) in mine:
+                return _key(job), False
+        for job in ready:
+            if _key(job) not in theirs:
+                return _key(job), False
+        backlog = collections.Counter(_key(j) for j in ready).most_common(1)
+        if backlog and backlog[0][1] >= _STEAL:
+            return backlog[0][0], True
+        return None
+
+    def forget(self, slot: str) -> None:
+        """``slot``'s process is new: it holds nothing open."""
+        with self.cond:
+            self.held.pop(slot, None)
 
     def put(self, unit: units.Unit, tries: int) -> None:
         with self.cond:
@@ -230,9 +298,17 @@ class _Dispatch:
             self.cond.notify_all()
 
     def left(self) -> list[tuple[units.Unit, int]]:
+        """What no slot took (every slot's process failed to start), as units."""
         with self.cond:
             left, self.queue = self.queue, []
+            if self.pending and self.template is not None:
+                left.append((replace(self.template, jobs=self.pending), 0))
+                self.pending = []
             return left
+
+
+def _key(job: Job) -> tuple[str, str]:
+    return job.task, job.problem
 
 
 def _ended(process: subprocess.Popen) -> str:
@@ -256,7 +332,7 @@ def _drain(outbox: queue.Queue, deliver: units.Delivery, running: int, wait_s: f
             if event is None:
                 running -= 1
             else:
-                deliver(event, where, number)
+                deliver(event, where, where)
 
 
 def _start(slot: SlotSpec, cpus: tuple[int, ...]) -> subprocess.Popen:
@@ -270,7 +346,7 @@ def _start(slot: SlotSpec, cpus: tuple[int, ...]) -> subprocess.Popen:
                                 str(os.getpid())],
                                env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                bufsize=1, start_new_session=True)
-    sandbox.own(process.pid)
+    spawn.own(process.pid)
     interrupt.add_child(process.pid)
     if cpus:  # the slot's grading processes, every worker it starts included
         with contextlib.suppress(psutil.Error, OSError):
@@ -296,7 +372,11 @@ def main(driver: int) -> int:
 
     try:
         for line in sys.stdin:
-            units.run(units.Unit.from_dict(json.loads(line)), emit)
+            data = json.loads(line)
+            if data.get("finish"):
+                units.finish(emit)
+            else:
+                units.run(units.Unit.from_dict(data), emit)
             emit(units.Event(done=True))
     except interrupt.Interrupted as stopped:
         return 128 + stopped.signum

@@ -11,7 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from kbench import sandbox
 from kbench.grading.building import build
 from kbench.grading.building.build import Built
 from kbench.grading.building.watch import Watcher, tampered
@@ -23,7 +22,7 @@ from kbench.grading.options import Rules
 from kbench.grading.timing import alternating
 from kbench.grading.timing.disturbance import Deferred, Judge
 from kbench.grading.timing.reference_pool import ReferencePool
-from kbench.host import backends, source_scan
+from kbench.host import backends, source_scan, spawn
 from kbench.problems.discovery import Submission
 from kbench.problems.task import Params
 from kbench.results.run_record import Benchmark, RuleVerdict, SubmissionResult
@@ -45,7 +44,7 @@ class Slot:
         while a build pipeline ran beside it (the change is not pinned on it), or its timing
         raised a flag while the host was disturbed (kbench.grading.timing.disturbance, the reason
         in ``deferred``): it is graded again alone once the rest is done. ``upcoming``: the
-        next submission this slot grades, whose worker starts ahead (kbench.sandbox.prestart)
+        next submission this slot grades, whose worker starts ahead (kbench.host.spawn.prestart)
         once this one's timing is over. ``retimed``: why this is such a second grading."""
         ctx = self.ctx
         source = sub.path.read_text(errors="replace")
@@ -81,7 +80,7 @@ class Slot:
                 verdict = _grader_failed(exc)
             finally:  # round workers a failing check left unused
                 for r in range(1, ctx.options.rigour.fresh_rounds):
-                    sandbox.drop_spare(ctx.logs / _round_log(sub, r))
+                    spawn.drop_spare(ctx.logs / _round_log(sub, r))
         elif kb_rules.applies(ctx) and built.verdict is None:  # failed as it loaded
             verdict = self._unloaded(sub, result, verdict)
         verdict = causes.named(ctx, result, verdict)
@@ -90,7 +89,7 @@ class Slot:
         self._prestart()
         finding = changed()
         if finding.lines:  # the next worker may have imported what was changed
-            sandbox.drop_spares()
+            spawn.drop_spares()
         if can_defer and (self.deferred or finding.lines and finding.builds_beside):
             return None
         if finding.lines:
@@ -102,7 +101,7 @@ class Slot:
         """The upcoming submission's worker started now, if it is not yet."""
         if self.upcoming is not None:
             sub, self.upcoming = self.upcoming, None
-            sandbox.prestart(self.ctx.logs / f"{sub.log_name}.run.log",
+            spawn.prestart(self.ctx.logs / f"{sub.log_name}.run.log",
                              build.env(self.ctx, sub), self.ctx.device.type)
 
     def _run(self, sub: Submission, result: SubmissionResult,
@@ -177,13 +176,13 @@ class Slot:
 
     def _prestart_rounds(self, sub: Submission, reference: list[Benchmark]) -> None:
         """Where the submission will take fresh-process rounds, their workers started now
-        (kbench.sandbox.prestart): torch's import and the CUDA context overlap the checks
+        (kbench.host.spawn.prestart): torch's import and the CUDA context overlap the checks
         before timing, none of which is timed. Those a failing check leaves unused end with
         the submission (evaluate)."""
         ctx = self.ctx
         if ctx.options.timed and alternating.fresh_cases(ctx, reference):
             for r in range(1, ctx.options.rigour.fresh_rounds):
-                sandbox.prestart(ctx.logs / _round_log(sub, r), build.env(ctx, sub),
+                spawn.prestart(ctx.logs / _round_log(sub, r), build.env(ctx, sub),
                                  ctx.device.type)
 
     def _round_channels(self, sub: Submission, rounds: int, result: SubmissionResult

@@ -62,13 +62,17 @@ class Unit:
     # a Ray node unpacked from build nodes (ray_tasks); a job missing is built where graded.
     built: dict[str, Built] | None = None
     final: bool = False  # graded after every build: nothing is deferred again
+    # The last of their problems' submissions this slot is sent, as the driver knows now:
+    # the problems close after them (drift check, processes ended); else they stay open for
+    # the next unit (kbench.grading.running.slots), closed by ``finish`` at the latest.
+    last: bool = True
 
     def to_dict(self) -> dict:
         built = None if self.built is None else {p: b.to_dict() for p, b in self.built.items()}
         return {"jobs": [j.to_dict() for j in self.jobs], "number": self.number,
                 "environment_problem": self.environment_problem, "cores": self.cores,
                 "run_tasks": list(self.run_tasks), "run_files": list(self.run_files),
-                "built": built, "final": self.final}
+                "built": built, "final": self.final, "last": self.last}
 
     @classmethod
     def from_dict(cls, data: dict) -> Unit:
@@ -77,7 +81,7 @@ class Unit:
                    data["cores"], data["number"], tuple(data["run_tasks"]),
                    tuple(data["run_files"]),
                    None if built is None else {p: Built.from_dict(b) for p, b in built.items()},
-                   data.get("final", False))
+                   data.get("final", False), data.get("last", True))
 
     def rest(self, jobs: list[Job]) -> Unit:
         """The same unit with only ``jobs`` left, to grade again."""
@@ -144,45 +148,53 @@ def run(unit: Unit, emit: Emit) -> None:
     executor.environment_problem = unit.environment_problem
     executor.watcher.for_run(unit.run_tasks, unit.run_files)
     executor.run(unit.jobs, EventSink(emit), unit.built,
-                 None if unit.final else lambda job: emit(Event(defer=job)))
+                 None if unit.final else lambda job: emit(Event(defer=job)), close=unit.last)
+
+
+def finish(emit: Emit) -> None:
+    """Close every problem this process holds open (kbench.grading.running.local)."""
+    for executor in _executors.values():
+        executor.say = lambda line: emit(Event(say=line))
+        executor.finish(EventSink(emit))
 
 
 class Delivery:
-    """Events into the sink, in the one process that writes the store. A problem split over
-    several units is screened and its reference timed in each (each unit's speedups divide its
-    own reference's rounds); the store keeps one record of it: the first unit's reference
-    table, with every unit's notes and a note saying so."""
+    """Events into the sink, in the one process that writes the store. A problem graded in
+    several places (slots, Ray units: each an ``owner``) is screened and its reference timed
+    in each (each one's speedups divide its own reference's rounds); the store keeps one
+    record of it: the first owner's reference table, with every owner's notes and a note
+    saying so."""
 
     def __init__(self, sink: Sink, say: Callable[[str], None]) -> None:
         self.sink, self.say = sink, say
-        self.records: dict[str, tuple[int, ProblemRun]] = {}  # name: (its unit, record)
+        self.records: dict[str, tuple[object, ProblemRun]] = {}  # name: (its owner, record)
         self.notes: dict[str, list[str]] = {}
-        self.units: dict[str, set[int]] = {}
+        self.owners: dict[str, set[object]] = {}
         self.deferred: list[Job] = []  # to grade again once the builds are done
 
-    def __call__(self, event: Event, where: str, unit: int) -> None:
+    def __call__(self, event: Event, where: str, owner: object) -> None:
         if event.defer is not None:
             self.deferred.append(event.defer)
         elif event.result is not None:
             self.sink.result(event.result)
         elif event.problem is not None:
-            self._problem(event.problem, unit)
+            self._problem(event.problem, owner)
         elif event.say is not None:
             self.say(f"[{where}] {event.say}")
 
-    def _problem(self, problem: ProblemRun, unit: int) -> None:
+    def _problem(self, problem: ProblemRun, owner: object) -> None:
         name = problem.name
-        owner, record = self.records.setdefault(name, (unit, problem))
-        if owner == unit:
+        first, record = self.records.setdefault(name, (owner, problem))
+        if first == owner:
             record = problem
-            self.records[name] = (unit, record)
-        units = self.units.setdefault(name, set())
-        units.add(unit)
+            self.records[name] = (owner, record)
+        owners = self.owners.setdefault(name, set())
+        owners.add(owner)
         notes = self.notes.setdefault(name, [])
         notes += [n for n in problem.notes if n not in notes]
-        split = [f"graded in {len(units)} units, each timing the reference on its own slot: "
-                 "the table is the first's, and each submission's speedups divide the "
-                 "reference rounds of its own unit"] if len(units) > 1 else []
+        split = [f"graded in {len(owners)} places, each timing the reference on its own "
+                 "device: the table is the first's, and each submission's speedups divide "
+                 "the reference rounds of its own"] if len(owners) > 1 else []
         self.sink.problem(replace(record, notes=notes + split))
 
 

@@ -5,15 +5,16 @@ on what failed or drifted. No reference process ever loads a candidate."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import torch
 
-from kbench import sandbox
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.checking import correctness
 from kbench.grading.context import Context
 from kbench.grading.timing import measurement
+from kbench.host import spawn
 from kbench.problems.task import Params
 from kbench.results.run_record import Benchmark, params_text
 from kbench.results.verdict import Status, Verdict
@@ -26,18 +27,19 @@ _COPY_BYTES = {"cuda": 1 << 30, "cpu": 256 << 20}
 
 
 class ReferenceWorker:
-    """An eager reference's process. On opening it passes the reference's own correctness
-    cases (proof that the tolerances accept its arithmetic, and the same process history as a
-    candidate's); the main one then measures the copy bandwidth. If it dies it
-    is opened again, up to _REOPEN times."""
+    """An eager reference's process. The main one, on opening, passes the reference's own
+    correctness cases (proof that the tolerances accept its arithmetic, and the same process
+    history as a candidate's grading process) and measures the copy bandwidth; the others
+    (fresh rounds, the clock's) go straight to timing, as the candidate's fresh-round
+    processes do. If it dies it is opened again, up to _REOPEN times."""
 
     _REOPEN = 2
 
     def __init__(self, ctx: Context, name: str, skips: list[str | None],
-                 measures_copy: bool = False) -> None:
+                 checks: bool = False) -> None:
         self.ctx = ctx
         self.name = name  # of its log
-        self.measures_copy = measures_copy
+        self.checks = checks  # the main one: correctness cases and the copy bandwidth
         self.skips = skips  # per benchmark case: why it cannot run here (shared with the pool)
         self.channel: Channel | None = None
         self.copy_gbps: float | None = None
@@ -50,18 +52,19 @@ class ReferenceWorker:
             self.channel = None
 
     def prestart(self) -> None:
-        """Its process started now, unless it is open (kbench.sandbox.prestart): the start
+        """Its process started now, unless it is open (kbench.host.spawn.prestart): the start
         overlaps other work, and opening it later finds it ready."""
         if self.channel is None:
-            sandbox.prestart(self.ctx.logs / f"{self.name}.run.log", child_env({}),
+            spawn.prestart(self.ctx.logs / f"{self.name}.run.log", child_env({}),
                              self.ctx.device.type)
 
-    def ready(self) -> None:
-        """Open now where it can be; a failure is kept, and the round that needs it tries
-        again."""
+    def ready(self, spec: protocol.ModelSpec) -> None:
+        """Open now where it can be, building the instance ``spec`` names (see Channel.load:
+        nothing shared is touched, so workers open side by side); a failure is kept, and the
+        round that needs it tries again."""
         if self.channel is None and self.opened <= self._REOPEN:
             try:
-                self._open()
+                self._open(spec)
             except Stop as stop:
                 self.failure = stop.verdict.reason
 
@@ -113,7 +116,7 @@ class ReferenceWorker:
             self.close()
         return trips
 
-    def _open(self) -> Channel:
+    def _open(self, spec: protocol.ModelSpec | None = None) -> Channel:
         if self.channel is not None:
             return self.channel
         if self.opened > self._REOPEN:
@@ -122,10 +125,11 @@ class ReferenceWorker:
         ctx = self.ctx
         channel = Channel(ctx, f"{self.name}.run.log", child_env({}))
         try:
-            channel.load(ctx.reference_file, True, "Model")
-            correctness.check(ctx, channel, ctx.reference_file, None)
-            if self.copy_gbps is None and self.measures_copy:
-                self.copy_gbps = _copy_gbps(ctx, channel)
+            channel.load(ctx.reference_file, True, "Model", spec=spec)
+            if self.checks:
+                correctness.check(ctx, channel, ctx.reference_file, None)
+                if self.copy_gbps is None:
+                    self.copy_gbps = _copy_gbps(ctx, channel)
         except BaseException:
             channel.close()
             raise
@@ -151,7 +155,7 @@ class ReferencePool:
         self.ctx = ctx
         self.skips: list[str | None] = [None] * len(ctx.benchmarks)
         log = f"{ctx.task.name.replace('/', '__')}.reference"
-        self.main = ReferenceWorker(ctx, log, self.skips, measures_copy=True)
+        self.main = ReferenceWorker(ctx, log, self.skips, checks=True)
         self.main.copy_gbps = copy_gbps
         self.rounds = [self.main] + [ReferenceWorker(ctx, f"{log}.round{r + 1}", self.skips)
                                      for r in range(1, ctx.options.rigour.fresh_rounds)]
@@ -179,11 +183,13 @@ class ReferencePool:
             worker.prestart()
 
     def ready(self, fresh: bool, eager: bool) -> None:
-        """Those processes open, one after the other (each checks the reference on the
-        trusted side's shared state), before a submission's timing begins: none starts while
-        one is timed."""
-        for worker in self._later(fresh, eager):
-            worker.ready()
+        """Those processes open, side by side, before a submission's timing begins: none
+        starts while one is timed."""
+        closed = [w for w in self._later(fresh, eager) if w.channel is None]
+        if closed:
+            spec = self.ctx.load_spec()  # here: it binds the problem's sizes (Channel.load)
+            with ThreadPoolExecutor(len(closed)) as opening:
+                list(opening.map(lambda worker: worker.ready(spec), closed))
 
     def _later(self, fresh: bool, eager: bool) -> list[ReferenceWorker]:
         return [*(self.rounds[1:] if fresh else []), *([self.clock] if eager else [])]

@@ -1,0 +1,139 @@
+"""One problem held open on this device while its submissions come: screened once, its reference
+timed once, when the first submission that can run is about to be graded (torch.compile of it
+too where the profile asks), its reference processes kept for each of its submissions graded
+here in whatever order their builds land, and timed again for drift when it closes. Closed,
+it keeps what it screened and timed: a submission graded later (again, alone at the end)
+reopens its processes only."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+
+from kbench.grading.building.build import Built
+from kbench.grading.building.watch import Watcher
+from kbench.grading.context import Context
+from kbench.grading.jobs import Job, Sink
+from kbench.grading.options import TimingMode
+from kbench.grading.running.submission import Slot
+from kbench.grading.timing import alternating
+from kbench.grading.timing.reference_pool import ReferencePool
+from kbench.host import activity, backends, spawn
+from kbench.problems.discovery import Submission
+from kbench.results.run_record import Benchmark, ProblemRun
+from kbench.shared.protocol import Samples
+
+
+class OpenProblem:
+    """``ctx``: the problem screened on this device; ``copy_gbps``: the copy bandwidth where
+    this run measured it already."""
+
+    def __init__(self, ctx: Context, watcher: Watcher, log: activity.Log,
+                 copy_gbps: float | None) -> None:
+        self.ctx, self.watcher, self.log = ctx, watcher, log
+        self.copy_gbps = copy_gbps
+        self.pool: ReferencePool | None = None
+        self.reference: list[Benchmark] | None = None  # None: not timed (yet)
+        self.start: list[Samples | None] = []
+        self.compiled: tuple[list[Samples | None], str | None] | None = None
+        self.timed = False  # a submission was timed against it since it last opened
+        self.stage_s: dict[str, float] = {}  # seconds of the problem's own stages
+        self.notes = [] if ctx.options.timed else [  # on its timing, beside screening's
+            "timing skipped: --case selects correctness cases only" if ctx.options.case_indices
+            else "timing skipped (--no-timing)"]
+
+    @property
+    def is_open(self) -> bool:
+        """Its reference processes are up (a submission graded now reuses them)."""
+        return self.pool is not None
+
+    def record(self) -> ProblemRun:
+        """Its record as the store keeps it, reference table included once timed."""
+        ctx, pool = self.ctx, self.pool
+        return ProblemRun(name=ctx.task.name, path=str(ctx.task.path), digest=ctx.task.digest,
+                          notes=list(ctx.notes) + self.notes,
+                          reference=self.reference or [],
+                          copy_gbps=pool.copy_gbps if pool else self.copy_gbps,
+                          degenerate="; ".join(ctx.degenerate) or None,
+                          stage_s=dict(self.stage_s))
+
+    def grade(self, job: Job, built: Built, sink: Sink, defer: Callable[[Job], None] | None,
+              upcoming: Submission | None) -> None:
+        """One submission of the problem to its result (into ``sink``), or to ``defer``
+        (kbench.grading.running.submission.Slot.evaluate says when)."""
+        if self.pool is None:
+            self.pool = ReferencePool(self.ctx, self.copy_gbps)
+        if self.reference is None and self.ctx.options.timed and _runnable(self.ctx, job, built):
+            self._time_reference(sink)
+        self.watcher.for_task(self.ctx)
+        slot = Slot(self.ctx, self.watcher, self.pool)
+        result = slot.evaluate(job.submission(), built, self.reference or [], upcoming,
+                               can_defer=defer is not None, retimed=job.retimed)
+        if result is None:
+            defer(replace(job, retimed=slot.deferred))
+            return
+        sink.result(result)
+        self.timed = self.timed or any(b.candidate for b in result.benchmarks)
+
+    def close(self, sink: Sink) -> None:
+        """Its processes ended, the reference timed again first where a submission was timed
+        against it (did the machine drift meanwhile?), and its record stored."""
+        spawn.drop_spares()
+        if self.pool is None:
+            return
+        ctx, pool = self.ctx, self.pool
+        try:
+            if self.timed:
+                ctx.say(f"{ctx.task.name}: timing the reference again (drift check)")
+                with self._stage("drift check"), self.log.record("timing",
+                                                                 f"{ctx.task.name}/reference"):
+                    self.reference, self.notes = pool.table(
+                        self.start, pool.time_all(self.start), self.compiled)
+            elif self.reference is None and ctx.options.timed:
+                self.notes = ["timing skipped: no submission of this problem can run here "
+                              "(each failed to build or import, or was skipped)"]
+            sink.problem(self.record())
+        finally:
+            self.copy_gbps = pool.copy_gbps or self.copy_gbps
+            pool.__exit__(None, None, None)
+            self.pool, self.timed = None, False
+            ctx.forget()
+
+    def _time_reference(self, sink: Sink) -> None:
+        """The reference (and torch.compile of it) timed on every benchmark case, then the
+        processes the submissions' timing will open started (they would disturb it)."""
+        ctx, pool = self.ctx, self.pool
+        pool.plan()
+        ctx.say(f"{ctx.task.name}: timing the reference on {len(ctx.benchmarks)} shape(s) "
+                f"({ctx.options.timing.value})")
+        with self.log.record("timing", f"{ctx.task.name}/reference"):
+            with self._stage("reference"):
+                self.start = pool.time_all()
+            if ctx.task.timing[ctx.device.type].compile_reference and \
+                    ctx.options.rigour.compile_baseline:
+                ctx.say(f"{ctx.task.name}: timing torch.compile of the reference")
+                with self._stage("torch.compile"):
+                    self.compiled = pool.time_compiled()
+        self.reference, self.notes = pool.table(self.start, None, self.compiled)
+        sink.problem(self.record())
+        pool.prestart(bool(alternating.fresh_cases(ctx, self.reference)),
+                      eager=ctx.options.timing is TimingMode.EAGER)
+
+    @contextmanager
+    def _stage(self, name: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.stage_s[name] = round(self.stage_s.get(name, 0.0) + time.monotonic() - start,
+                                       2)
+
+
+def _runnable(ctx: Context, job: Job, built: Built) -> bool:
+    """Whether ``job`` built and can run on this device (then the reference is timed for it)."""
+    if built.verdict is not None:
+        return False
+    source = job.submission().path.read_text(errors="replace")
+    return backends.for_source(source).cannot_run(ctx.device.type, ctx.toolchain) is None

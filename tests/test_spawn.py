@@ -1,0 +1,135 @@
+"""Workers forked from a zygote (kbench.host.spawn, kbench.worker.zygote): each one is what a
+started ``python -m kbench.worker`` is, for kbench and for the submission in it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import FIXTURES
+
+from kbench import sandbox
+from kbench.host import proctree, spawn
+from kbench.shared import protocol
+
+pytestmark = pytest.mark.skipif(not spawn.FORK, reason="forked workers need Linux")
+
+_SHOWS = """import os, sys, torch
+print("var", os.environ.get("KBENCH_TEST_VAR"), "cwd", os.getcwd(), "argv", len(sys.argv),
+      "stdin", os.read(0, 1), "cuda refused", torch._C._cuda_isInBadFork(), flush=True)
+
+class ModelNew:
+    pass
+"""
+_REFERENCE = "import torch\nclass Model(torch.nn.Module):\n    pass\n" \
+             "def get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n"
+
+
+def _box(log: Path, env: dict[str, str]) -> sandbox.Sandbox:
+    return sandbox.Sandbox(log, env, memory_bytes=8 << 30, log_bytes=1 << 20)
+
+
+def _forked(tmp_path: Path, env: dict[str, str]) -> sandbox.Sandbox:
+    """A sandbox whose worker came from the zygote for ``env`` (started now where there is
+    none: wait until it is ready)."""
+    spawn.warm(env)
+    deadline = time.monotonic() + 120
+    while not spawn.ready(env):
+        assert time.monotonic() < deadline, "the zygote never became ready"
+        time.sleep(0.1)
+    box = _box(tmp_path / "forked.log", env)
+    assert isinstance(box.proc, spawn.Adopted)
+    return box
+
+
+def _load(box: sandbox.Sandbox, path: Path, reference: Path) -> object:
+    return box.request(protocol.Load(path=str(path), module_name="kbench_submission_x",
+                                     class_name="ModelNew", device="cpu",
+                                     reference=str(reference), model=None), 60)
+
+
+def test_a_forked_worker_is_a_started_worker_for_kbench_and_the_submission(tmp_path):
+    env = sandbox.child_env({"KBENCH_TEST_VAR": "first"})
+    sub, ref = tmp_path / "shows.py", tmp_path / "ref.py"
+    sub.write_text(_SHOWS)
+    ref.write_text(_REFERENCE)
+    box = _forked(tmp_path, env)
+    started = time.monotonic()
+    # Another worker of the same kind but its own build folder: the same zygote, at once.
+    other = _box(tmp_path / "other.log", {**env, "TORCH_EXTENSIONS_DIR": str(tmp_path / "b")})
+    assert isinstance(other.proc, spawn.Adopted) and time.monotonic() - started < 10
+    other.close()
+    with box:
+        proc = psutil.Process(box.proc.pid)
+        assert proc.ppid() == os.getpid()  # adopted: kbench waits for it
+        assert os.getsid(proc.pid) == proc.pid == os.getpgid(proc.pid)  # its own session
+        assert proc.cpu_affinity() == sorted(os.sched_getaffinity(0))
+        assert isinstance(protocol.decode(_load(box, sub, ref), protocol.Load.answers),
+                          protocol.Loaded)
+        log = box.log_text()
+        # CUDA as a new process has it: nothing the zygote imported asked for the devices.
+        assert f"var first cwd {box.scratch} argv 4 stdin b'' cuda refused False" in log, log
+    assert box.proc.returncode == 0  # asked to exit, it did: its status read here
+    killed = _forked(tmp_path, env)
+    killed.kill()
+    assert killed.proc.returncode == -signal.SIGKILL
+
+
+def test_another_environment_gets_a_zygote_of_its_own(tmp_path):
+    env = sandbox.child_env({"KBENCH_TEST_VAR": "a"})
+    _forked(tmp_path, env).close()
+    box = _box(tmp_path / "b.log", sandbox.child_env({"KBENCH_TEST_VAR": "b"}))
+    assert isinstance(box.proc, __import__("subprocess").Popen)  # its zygote is not ready yet
+    box.close()
+
+
+def test_a_daemon_a_forked_worker_leaves_without_exec_is_stopped_and_killed(tmp_path):
+    # The stray fixture forks twice and leaves its session at import, never executing: Linux
+    # shows it the zygote's environment, so it carries the zygote's mark, not the worker's.
+    pids = tmp_path / "pids"
+    env = sandbox.child_env({"STRAY_PIDS": str(pids)})
+    ref = tmp_path / "ref.py"
+    ref.write_text(_REFERENCE)
+    box = _forked(tmp_path, env)
+    with box:
+        _load(box, FIXTURES / "stray" / "l2norm_leaves_daemon.py", ref)
+        deadline = time.monotonic() + 20
+        while not pids.exists() or not pids.read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        daemon = psutil.Process(int(pids.read_text().split()[0]))
+        while daemon.ppid() != os.getpid():  # adopted here once its parent has exited
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert daemon.environ().get(proctree.MARK) not in (None, box.marks[0])
+        with box.frozen():
+            assert proctree.stopped(daemon.pid)
+    with pytest.raises(psutil.NoSuchProcess):
+        daemon.wait(10)
+        daemon.status()
+
+
+def test_plain_starts_where_the_zygote_is_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setattr(spawn, "FORK", False)
+    with _box(tmp_path / "w.log", sandbox.child_env({})) as box:
+        assert box.proc.args[:3] == [sys.executable, "-m", "kbench.worker"]
+
+
+def test_a_worker_stopped_mid_request_by_another_is_continued(tmp_path):
+    # A submission may stop every kbench worker (tests/fixtures/cpu/l2norm_stops_reference.py)
+    # and end before it continues them: the one kbench waits on answers all the same.
+    sub, ref = tmp_path / "slow.py", tmp_path / "ref.py"
+    sub.write_text("import time\ntime.sleep(1.0)\n\nclass ModelNew:\n    pass\n")
+    ref.write_text(_REFERENCE)
+    with _box(tmp_path / "w.log", sandbox.child_env({})) as box:
+        stopper = __import__("threading").Timer(
+            0.3, lambda: os.killpg(box.proc.pid, signal.SIGSTOP))
+        stopper.start()
+        started = time.monotonic()
+        answer = protocol.decode(_load(box, sub, ref), protocol.Load.answers)
+        assert isinstance(answer, protocol.Loaded) and time.monotonic() - started < 30
