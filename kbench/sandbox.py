@@ -104,11 +104,18 @@ class Sandbox:
         self.memory_bytes = memory_bytes
         self.log_bytes = log_bytes
         started = spawn.take(log_path, env)
-        _place(started.proc.pid, cpus, nice)
+        # One started elsewhere (a spare, on spare cores) joins its caller's cores.
+        _place(started.proc.pid, cpus or (tuple(sorted(os.sched_getaffinity(0)))
+                                          if started.cpus else ()), nice)
         self.log_path, self.scratch, self.marks = started.log_path, started.scratch, started.marks
         self.proc, self.conn = started.proc, started.conn
         # Strays that appear later are this worker's (frozen); on the clock psutil reads.
         self.started = _created(self.proc.pid)
+        self.freezes = 0  # frozen blocks open on it
+
+    def place(self, cpus: tuple[int, ...]) -> None:
+        """The worker on ``cpus`` from now on (one prepared on spare cores, taking its turn)."""
+        _place(self.proc.pid, cpus, 0)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -161,8 +168,9 @@ class Sandbox:
 
     def _continued(self) -> None:
         """The worker continued, before a request and while kbench waits for its answer: another
-        worker may have stopped it (SIGSTOP), and have ended before it continued it."""
-        if self.proc.returncode is None:
+        worker may have stopped it (SIGSTOP), and have ended before it continued it. Not while
+        kbench itself holds it stopped (``frozen``, from another thread)."""
+        if self.proc.returncode is None and not self.freezes:
             with contextlib.suppress(OSError):
                 os.killpg(self.proc.pid, signal.SIGCONT)
 
@@ -216,6 +224,7 @@ class Sandbox:
         left before every thread of each is seen stopped (a thread still running could stop
         the reference after it was continued)."""
         stopped: dict[int, psutil.Process] = {}
+        self.freezes += 1  # no request of another thread continues it meanwhile
         try:
             for _ in range(5):
                 new = [p for p in self._tree() + proctree.marked(self.marks, spawn.owned())
@@ -235,6 +244,7 @@ class Sandbox:
             for proc in stopped.values():
                 with contextlib.suppress(psutil.Error):
                     proc.resume()
+            self.freezes -= 1
 
     def kill(self) -> None:
         """Kill the worker's process group and every descendant that left it. The worker is

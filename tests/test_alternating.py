@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from kbench.grading.channel import Stop
+from kbench.grading.context import Spare
 from kbench.grading.options import RIGOUR, Profile, TimingMode
 from kbench.grading.timing import alternating, integrity, kernelbench_timing, measurement
 from kbench.results.run_record import Benchmark
@@ -90,7 +91,7 @@ def _time(monkeypatch, processes: list[_Process], fail_round: int | None = None)
                            copy_gbps=None, failures=lambda: set(), ready=ready)
     result = SimpleNamespace(benchmarks=[], timing_s={})
     judge = SimpleNamespace(checked=lambda check: check(), disturbed=lambda: False)
-    alternating.time_submission(ctx, main, result, reference, pool, open_rounds, judge)
+    alternating.time_submission(ctx, main, result, reference, pool, open_rounds, judge, [])
     return events[1:]
 
 
@@ -125,21 +126,24 @@ def test_a_round_that_fails_leaves_no_process_of_the_submission_open(monkeypatch
 
 
 def test_the_reference_pool_starts_only_the_processes_timing_will_open(monkeypatch, tmp_path):
-    from kbench import sandbox
     from kbench.grading.timing import reference_pool
+    from kbench.host import spawn
 
     started = []
-    monkeypatch.setattr(sandbox, "prestart", lambda log, env, device: started.append(log.name))
+    monkeypatch.setattr(spawn, "prestart",
+                        lambda log, env, device, cpus: started.append((log.name, cpus)))
     ctx = SimpleNamespace(benchmarks=[{"n": 1}], logs=tmp_path, device=SimpleNamespace(
         type="cuda"), task=SimpleNamespace(name="level1/19_ReLU"),
-        options=SimpleNamespace(rigour=QUICK))
+        options=SimpleNamespace(rigour=QUICK), spare=None)
     pool = reference_pool.ReferencePool(ctx)
     pool.prestart(fresh=True, eager=True)
     log = "level1__19_ReLU.reference"
-    assert started == [f"{log}.round2.run.log", f"{log}.round3.run.log", f"{log}.clock.run.log"]
+    assert started == [(f"{log}.round2.run.log", ()), (f"{log}.round3.run.log", ()),
+                       (f"{log}.clock.run.log", ())]
     started.clear()
+    ctx.spare = Spare((2, 3), 10)  # cores of its own for their starts, where the run has them
     pool.prestart(fresh=False, eager=True)  # no launch-bound case: the clock's only
-    assert started == [f"{log}.clock.run.log"]
+    assert started == [(f"{log}.clock.run.log", (2, 3))]
     started.clear()
     pool.prestart(fresh=False, eager=False)  # graph replays: no clock either
     assert started == []

@@ -114,3 +114,28 @@ def test_large_outputs_are_judged_a_chunk_at_a_time_with_the_same_result(monkeyp
                for o, e in cases]
     assert chunked == whole
     assert [ok for _, ok in whole] == [True, False, True] and whole[1][0] == math.inf
+
+
+def test_the_quick_pass_agrees_with_the_rule_on_every_kind_of_value():
+    # compare_values passes most outputs in a few passes (isclose); it must pass exactly
+    # those that the rule spelled out passes: finite within atol x rms + rtol x |ref|, NaN and
+    # Inf only where the reference has the same.
+    special = torch.tensor([0.0, -0.0, 1.0, -1.0, 1e-9, 3.0, math.inf, -math.inf, math.nan])
+    tol = Tolerance(rtol=1e-3, atol=1e-3)
+    generator = torch.Generator().manual_seed(5)
+    for _ in range(300):
+        pick = torch.randint(0, len(special), (6,), generator=generator)
+        ref = special[pick].double()
+        got = ref.clone()
+        where = torch.randint(0, 6, (1,), generator=generator)
+        got[where] = special[torch.randint(0, len(special), (1,), generator=generator)].double()
+        got += torch.randn(6, generator=generator, dtype=torch.float64) * \
+            torch.tensor([0.0, 1e-6, 1e-2]).double()[torch.randint(0, 3, (1,),
+                                                                   generator=generator)]
+        finite = torch.isfinite(ref)
+        scale = float(ref[finite].pow(2).mean().sqrt()) if bool(finite.any()) else 0.0
+        rule = all(
+            (math.isfinite(g) and abs(g - r) <= tol.atol * scale + tol.rtol * abs(r))
+            if math.isfinite(r) else (math.isnan(g) if math.isnan(r) else g == r)
+            for g, r in zip(got.tolist(), ref.tolist(), strict=True))
+        assert compare_values(got, ref, tol).ok == rule, (got, ref)

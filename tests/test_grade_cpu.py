@@ -1,5 +1,6 @@
 """End to end on the CPU: every verdict from a small fixture, in one run, plus the build cache."""
 
+import os
 import sys
 
 import pytest
@@ -180,7 +181,26 @@ def test_unchanged_file_is_not_rebuilt(run, tmp_path, cache_dir):
     assert "no work to do" in log
 
 
-def test_torch_compile_of_the_reference_is_a_second_baseline(tmp_path, cache_dir):
+@pytest.mark.parametrize("ahead", [False, True])
+def test_torch_compile_of_the_reference_is_a_second_baseline(tmp_path, cache_dir, monkeypatch,
+                                                            ahead):
+    made = []
+    if ahead:  # compiled on spare cores while the submission is graded (a one-GPU host's)
+        from kbench.grading import channel
+        from kbench.grading.context import Spare
+        from kbench.grading.running.local import LocalExecutor
+
+        init, ahead_init = LocalExecutor.__init__, channel.Ahead.__init__
+
+        def spare(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.spare = Spare(tuple(sorted(os.sched_getaffinity(0))), 5)
+
+        def counted(self, ctx, log_name, *args):
+            made.append(log_name)
+            ahead_init(self, ctx, log_name, *args)
+        monkeypatch.setattr(LocalExecutor, "__init__", spare)
+        monkeypatch.setattr(channel.Ahead, "__init__", counted)
     task = quick_task(tmp_path, **{"timing.compile_reference": True})
     code, results = grade([str(FIXTURES / "cpu" / "l2norm_torch_ok.py"), "--task", str(task),
                            "--device", "cpu", "--seed", "5"], tmp_path / "out", cache_dir)
@@ -192,6 +212,7 @@ def test_torch_compile_of_the_reference_is_a_second_baseline(tmp_path, cache_dir
     assert bench["compile_speedup"] == pytest.approx(compiled["ms"] / bench["candidate"]["ms"])
     assert sub["compile_speedup"] == pytest.approx(bench["compile_speedup"])
     assert "vs compile" in (tmp_path / "out" / "leaderboard.md").read_text()
+    assert [name.endswith(".compile.run.log") for name in made] == ([True] if ahead else [])
 
 
 def test_launch_bound_shapes_take_each_round_in_a_process_of_its_own(tmp_path, cache_dir):

@@ -133,3 +133,37 @@ def test_a_worker_stopped_mid_request_by_another_is_continued(tmp_path):
         started = time.monotonic()
         answer = protocol.decode(_load(box, sub, ref), protocol.Load.answers)
         assert isinstance(answer, protocol.Loaded) and time.monotonic() - started < 30
+
+
+def test_a_worker_readied_ahead_stays_stopped_while_frozen_mid_request(tmp_path):
+    # Its thread waits on a request of its own, continuing the worker now and then (another
+    # may have stopped it): not while kbench holds it stopped (the reference being timed).
+    from types import SimpleNamespace
+
+    from kbench.grading.channel import Ahead
+    from kbench.grading.context import Spare
+
+    ticks, ref = tmp_path / "ticks", tmp_path / "ref.py"
+    ref.write_text(_REFERENCE)
+    sub = tmp_path / "ticking.py"
+    sub.write_text(f"import time\nwith open({str(ticks)!r}, 'a') as f:\n"
+                   "    for _ in range(400):\n        f.write('.'); f.flush(); time.sleep(0.01)\n"
+                   "class ModelNew:\n    pass\n")
+    ctx = SimpleNamespace(task=SimpleNamespace(limits=SimpleNamespace(
+        host_memory_gib=8, log_mib=1, load_s=60)), logs=tmp_path,
+        spare=Spare(tuple(sorted(os.sched_getaffinity(0))), 5))
+    ahead = Ahead(ctx, "ahead.log", sandbox.child_env({}),
+                  [lambda channel: _load(channel.box, sub, ref)])
+    try:
+        deadline = time.monotonic() + 30
+        while not ticks.exists() or not ticks.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with ahead.channel.frozen():
+            time.sleep(0.3)  # any continue by the waiting thread shows within 50 ms
+            before = len(ticks.read_text())
+            time.sleep(0.6)
+            assert len(ticks.read_text()) == before
+        ahead.take()
+    finally:
+        ahead.close()

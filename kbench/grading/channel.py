@@ -4,6 +4,9 @@ and every way a request can fail turned into a Stop carrying the verdict it earn
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
+from collections.abc import Callable
 
 from kbench.grading.context import Context
 from kbench.problems.discovery import Submission
@@ -48,6 +51,9 @@ class Channel:
     def frozen(self) -> contextlib.AbstractContextManager[None]:
         """Its processes stopped meanwhile (kbench.sandbox.Sandbox.frozen)."""
         return self.box.frozen()
+
+    def place(self, cpus: tuple[int, ...]) -> None:
+        self.box.place(cpus)
 
     def call(self, request: protocol.Request, timeout: float, stage: str) -> protocol.Answer:
         """One request and its answer, decoded and checked (kbench.shared.protocol)."""
@@ -105,6 +111,52 @@ class Channel:
                                          keep=keep),
                            ctx.task.limits.benchmark_s, f"benchmark {case}")
         return answer.samples
+
+
+class Ahead:
+    """A worker readied ahead of its turn: started here (its pid known at once, so that it can
+    be frozen), on the spare cores (kbench.grading.context.Spare), and readied by
+    ``steps`` in a thread of its own while this one goes on; ``take`` waits for them and puts
+    it on this thread's cores. A failure is kept and raised by ``take`` as the Stop it was."""
+
+    def __init__(self, ctx: Context, log_name: str, env: dict[str, str],
+                 steps: list[Callable[[Channel], object]]) -> None:
+        self.channel = Channel(ctx, log_name, env, ctx.spare.cpus, ctx.spare.nice)
+        self.done = [threading.Event() for _ in steps]
+        self.failure: Stop | None = None
+        self.thread = threading.Thread(target=self._ready, args=(steps,), daemon=True)
+        self.thread.start()
+
+    def _ready(self, steps: list[Callable[[Channel], object]]) -> None:
+        try:
+            for step, done in zip(steps, self.done, strict=True):
+                step(self.channel)
+                done.set()
+        except Stop as stop:
+            self.failure = stop
+        except Exception as exc:  # kbench's own failure: the worker is of no use
+            self.failure = Stop(Verdict(Status.INTERNAL_ERROR, f"kbench failed: {exc!r}"))
+        finally:
+            for done in self.done:
+                done.set()
+
+    def wait(self, step: int) -> None:
+        """Until step ``step`` is done (or the steps failed)."""
+        self.done[step].wait()
+
+    def take(self) -> Channel:
+        self.thread.join()
+        if self.failure is not None:
+            self.channel.close()
+            raise self.failure
+        self.channel.place(tuple(sorted(os.sched_getaffinity(0))))
+        return self.channel
+
+    def close(self) -> None:
+        """Ended, readied or not (its thread ends with the worker's death)."""
+        self.channel.box.kill()
+        self.thread.join()
+        self.channel.close()
 
 
 def _last_output(log: str, lines: int = 3) -> str:

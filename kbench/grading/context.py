@@ -53,6 +53,16 @@ class Expected:
     exact: list
 
 
+@dataclass(frozen=True)
+class Spare:
+    """Cores that kbench's own work may use beside a timing without touching the timing's
+    cores (a one-GPU run's build cores), at a build's priority: a worker readied, a model
+    compiled, ahead of its turn (kbench.grading.channel.Ahead)."""
+
+    cpus: tuple[int, ...]
+    nice: int
+
+
 @dataclass
 class Context:
     task: Task
@@ -74,6 +84,7 @@ class Context:
     # KernelBench's trials' inputs as drawn on the CPU, by seed, for the problem's next
     # submission (kbench.grading.checking.kernelbench_rules)
     trial_inputs: dict[int, list] = field(default_factory=dict, repr=False)
+    spare: Spare | None = None  # where work ahead of its turn may run; None: it waits its turn
 
     @classmethod
     def create(cls, task: Task, options: Options, toolchain: Toolchain,

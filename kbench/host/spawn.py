@@ -91,8 +91,12 @@ class Started:
     """A worker process as started: torch imported by the time it is first asked anything,
     and, where it was started as a spare for a CUDA device, its CUDA context made."""
 
-    def __init__(self, log_path: Path, env: dict[str, str], device: str = "") -> None:
+    def __init__(self, log_path: Path, env: dict[str, str], device: str = "",
+                 cpus: tuple[int, ...] = ()) -> None:
+        """``cpus``: where it starts (its start's work off the cores of whoever waits for it:
+        the Sandbox that takes it puts it on its caller's), else on this thread's."""
         interrupt.check()  # nothing new starts once kbench is told to stop
+        self.cpus = cpus
         # Written under a private name, renamed into place on close: two graders sharing an
         # output folder never interleave their logs.
         self.env = env
@@ -105,7 +109,7 @@ class Started:
         full = {**env, proctree.MARK: self.mark, proctree.OWNER: proctree.owner_token()}
         zygote = _zygote(env)
         self.forked_from = zygote.mark if zygote is not None else None
-        pid = zygote.fork(self.log_path, self.scratch, full, device, child_end) \
+        pid = zygote.fork(self.log_path, self.scratch, full, device, child_end, cpus) \
             if zygote is not None else None
         if pid is not None:
             self.proc: subprocess.Popen | Adopted = Adopted(pid)
@@ -117,6 +121,9 @@ class Started:
                      str(os.getpid()), device], cwd=self.scratch, env=full,
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     pass_fds=(child_end.fileno(),), start_new_session=True)
+            if cpus:
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(self.proc.pid, cpus)
         own(self.proc.pid)
         interrupt.add_session(self.proc.pid)  # its own session, named by its pid
         child_end.close()
@@ -163,15 +170,15 @@ class Zygote:
         interrupt.add_session(self.proc.pid)
 
     def fork(self, log_path: Path, scratch: Path, env: dict[str, str], device: str,
-             channel: socket.socket) -> int | None:
-        """A worker forked with ``channel`` as its end; None where this zygote is not ready
-        (the caller starts one plainly)."""
+             channel: socket.socket, cpus: tuple[int, ...] = ()) -> int | None:
+        """A worker forked with ``channel`` as its end, on ``cpus`` (else this thread's);
+        None where this zygote is not ready (the caller starts one plainly)."""
         with self.lock:
             if not self._ready():
                 return None
             request = {"log": str(log_path), "cwd": str(scratch), "env": env,
                        "device": device, "parent": os.getpid(),
-                       "cpus": sorted(os.sched_getaffinity(0))}
+                       "cpus": sorted(cpus or os.sched_getaffinity(0))}
             try:
                 self._continued()
                 socket.send_fds(self.sock, [json.dumps(request).encode()], [channel.fileno()])
@@ -286,13 +293,14 @@ def close_zygotes() -> None:
 _SPARES: dict[Path, Started] = {}  # by the log the worker will write: one spare per use
 
 
-def prestart(log_path: Path, env: dict[str, str], device: str) -> None:
+def prestart(log_path: Path, env: dict[str, str], device: str, cpus: tuple[int, ...] = ()
+             ) -> None:
     """Start now the worker a Sandbox for ``log_path`` with ``env`` will use: its start (torch's
-    import, the CUDA context) then overlaps other work, and the Sandbox finds it ready. It is
-    a fresh process all the same, used once; one asked for with another environment is not
-    used."""
+    import, the CUDA context) then overlaps other work, on ``cpus`` where given, and the
+    Sandbox finds it ready. It is a fresh process all the same, used once; one asked for with
+    another environment is not used."""
     if log_path not in _SPARES:
-        _SPARES[log_path] = Started(log_path, env, device)
+        _SPARES[log_path] = Started(log_path, env, device, cpus)
 
 
 def take(log_path: Path, env: dict[str, str]) -> Started:

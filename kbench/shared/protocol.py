@@ -18,6 +18,9 @@ Requests and the answer each expects:
   Clocked   -> ClockedPass            the pass the parent times on its own clock
   Outputs   -> KeptOutputs            outputs kept by Time or Clocked, with their seeds
   Profile   -> Profiled               one call under the profiler: the kernels it ran
+  Warm      -> Released               one untimed call (a compiled model compiles for the case)
+  PrepareProfiler -> Released         the profiler started once with nothing to record (its
+                                      first start costs seconds of host time)
   Copy      -> Timed                  the copy-bandwidth yardstick
   Release   -> Released               drop every kept output, free device memory
   Exit                                (no answer)
@@ -36,7 +39,7 @@ import torch
 
 from kbench.shared.wire import ProtocolError, build, plain, shown
 
-VERSION = 6
+VERSION = 7
 
 
 class BadSamples(ProtocolError):
@@ -325,6 +328,23 @@ class Profile(Drawn):
 
 
 @dataclass(frozen=True)
+class Warm(Drawn):
+    """One untimed call on a fresh input set, its memory given back: torch.compile compiles
+    the model for the case (kbench.grading.timing.compiled)."""
+
+    answers: ClassVar[tuple[type, ...]] = (Released,)
+
+
+@dataclass(frozen=True)
+class PrepareProfiler:
+    """The profiler started and stopped with nothing to record, ahead of the profiled calls
+    (kbench.grading.checking.custom_kernels): on an H100 the first profiled call in a process
+    took 3.9 s, the next 5 ms."""
+
+    answers: ClassVar[tuple[type, ...]] = (Released,)
+
+
+@dataclass(frozen=True)
 class Copy:
     answers: ClassVar[tuple[type, ...]] = (Timed,)
     nbytes: int
@@ -341,8 +361,8 @@ class Exit:
     answers: ClassVar[tuple[type, ...]] = ()
 
 
-Request = (Load | Run | Time | TimeTrials | Prepare | Clocked | Outputs | Profile | Copy
-           | Release | Exit)
+Request = (Load | Run | Time | TimeTrials | Prepare | Clocked | Outputs | Profile | Warm
+           | PrepareProfiler | Copy | Release | Exit)
 Answer = (Failed | Loaded | Ran | Unsupported | Timed | TrialTimes | Prepared | ClockedPass
           | KeptOutputs | Profiled | Released)
 

@@ -40,7 +40,7 @@ from kbench.shared.fingerprint import weight_sums
 from kbench.shared.outputs import Unsupported, flatten
 from kbench.worker import prebuilt
 from kbench.worker.kept import HELD_BY_A_PASS, clocked
-from kbench.worker.kernels import kernels_of
+from kbench.worker.kernels import kernels_of, prepare_profiler
 from kbench.worker.timing import measure, rotation, set_bytes
 from kbench.worker.trials import trials
 
@@ -65,7 +65,8 @@ class Worker:
         handler = {p.Load: self.load, p.Run: self.run, p.Time: self.time,
                    p.TimeTrials: self.time_trials,
                    p.Prepare: self.prepare, p.Clocked: self.clocked, p.Outputs: self.outputs,
-                   p.Profile: self.profile, p.Copy: self.copy,
+                   p.Profile: self.profile, p.Warm: self.warm,
+                   p.PrepareProfiler: self.prepare_profiler, p.Copy: self.copy,
                    p.Release: self.release}[type(request)]
         return handler(request)
 
@@ -273,6 +274,28 @@ class Worker:
         finally:
             self._free()
         return p.Profiled(kernels)
+
+    def warm(self, r: p.Warm) -> p.Answer:
+        """One untimed call on a fresh input set (a compiled model compiles for the case)."""
+        self.last_output, self.kept = None, {}
+        try:
+            model = self._model(r.model)
+            with torch.no_grad():
+                model(*self._fresh_set(r)[0])
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+        except BaseException as exc:
+            return _error("benchmark (torch.compile)", exc)
+        finally:
+            self._free()
+        return p.Released()
+
+    def prepare_profiler(self, r: p.PrepareProfiler) -> p.Answer:
+        try:
+            prepare_profiler()
+        except BaseException as exc:
+            return _error("profile", exc)
+        return p.Released()
 
     def _fresh_set(self, r: p.Drawn) -> tuple[list, int]:
         """An input set drawn from a new secret seed, and the seed."""

@@ -149,9 +149,15 @@ def compare_values(got: torch.Tensor, ref: torch.Tensor, tol: Tolerance,
     """NaN and Inf pass only where the reference has the same; finite values within tolerance
     (atol times ``scale``, by default the rms of the reference's finite values)."""
     ref_finite = torch.isfinite(ref)
-    both_finite = ref_finite & torch.isfinite(got)
     if scale is None:
         scale = _rms(ref[ref_finite])
+    # The same rule in a few passes (isclose: |got - ref| <= atol + rtol * |ref|, equal NaNs
+    # and equal infinities close): most outputs pass, and the details below take a score of
+    # passes over the float64 copies (this function held 4.7 s of kbench's own process while
+    # it graded one l2norm submission under the full profile on an H100).
+    if bool(torch.isclose(got, ref, rtol=tol.rtol, atol=tol.atol * scale, equal_nan=True).all()):
+        return Comparison(True)
+    both_finite = ref_finite & torch.isfinite(got)
     err = torch.where(both_finite, (got - ref).abs(), torch.zeros_like(ref))
     within = err <= tol.atol * scale + tol.rtol * ref.abs()
     same_special = (torch.isnan(ref) & torch.isnan(got)) | (torch.isinf(ref) & (got == ref))

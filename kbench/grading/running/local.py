@@ -15,7 +15,7 @@ from kbench.grading.building.build import Built
 from kbench.grading.building.pipeline import Pipeline
 from kbench.grading.building.watch import Watcher, tampered
 from kbench.grading.checking.screen import ProblemError, screen
-from kbench.grading.context import Context, Say
+from kbench.grading.context import Context, Say, Spare
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Options
 from kbench.grading.running.open_problem import OpenProblem
@@ -47,6 +47,9 @@ class LocalExecutor:
         self.options, self.say = options, say
         self.split = hostsplit.plan(1, options.device, options.jobs) if pin else \
             hostsplit.unsplit(1, options.jobs)
+        # Where work ahead of its turn runs: the build cores of a host split here (a slot is
+        # told its run's: kbench.grading.running.units).
+        self.spare = Spare(self.split.build, self.split.nice) if self.split.split else None
         self.toolchain = find_toolchain(options.cuda_arch, options.cache_dir / "toolkits")
         self.watcher = Watcher(options)
         self.environment_problem: str | None = None
@@ -183,6 +186,7 @@ class LocalExecutor:
                 task = load_task(job.task, name)
                 self.say(f"{name}: screening the reference on its cases")
                 ctx = Context.create(task, self.options, self.toolchain, self.say)
+                ctx.spare = self.spare
                 for env in (child_env({}), build.env(ctx, job.submission())):
                     spawn.warm(env)  # the workers of both sides, forked from now on
                 screen(ctx)

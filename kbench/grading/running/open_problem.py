@@ -19,6 +19,7 @@ from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import TimingMode
 from kbench.grading.running.submission import Slot
 from kbench.grading.timing import alternating
+from kbench.grading.timing.compiled import Compiled
 from kbench.grading.timing.reference_pool import ReferencePool
 from kbench.host import activity, backends, spawn
 from kbench.problems.discovery import Submission
@@ -38,6 +39,7 @@ class OpenProblem:
         self.reference: list[Benchmark] | None = None  # None: not timed (yet)
         self.start: list[Samples | None] = []
         self.compiled: tuple[list[Samples | None], str | None] | None = None
+        self.compiling: Compiled | None = None  # torch.compile of it, timed as it closes
         self.timed = False  # a submission was timed against it since it last opened
         self.stage_s: dict[str, float] = {}  # seconds of the problem's own stages
         self.notes = [] if ctx.options.timed else [  # on its timing, beside screening's
@@ -85,6 +87,11 @@ class OpenProblem:
             return
         ctx, pool = self.ctx, self.pool
         try:
+            if self.compiling is not None and self.timed:
+                ctx.say(f"{ctx.task.name}: timing torch.compile of the reference")
+                with self._stage("torch.compile"), self.log.record(
+                        "timing", f"{ctx.task.name}/reference"):
+                    self.compiled = self.compiling.time()
             if self.timed:
                 ctx.say(f"{ctx.task.name}: timing the reference again (drift check)")
                 with self._stage("drift check"), self.log.record("timing",
@@ -96,6 +103,9 @@ class OpenProblem:
                               "(each failed to build or import, or was skipped)"]
             sink.problem(self.record())
         finally:
+            if self.compiling is not None:
+                self.compiling.close()
+                self.compiling = None
             self.copy_gbps = pool.copy_gbps or self.copy_gbps
             pool.__exit__(None, None, None)
             self.pool, self.timed = None, False
@@ -108,14 +118,13 @@ class OpenProblem:
         pool.plan()
         ctx.say(f"{ctx.task.name}: timing the reference on {len(ctx.benchmarks)} shape(s) "
                 f"({ctx.options.timing.value})")
-        with self.log.record("timing", f"{ctx.task.name}/reference"):
-            with self._stage("reference"):
-                self.start = pool.time_all()
-            if ctx.task.timing[ctx.device.type].compile_reference and \
-                    ctx.options.rigour.compile_baseline:
-                ctx.say(f"{ctx.task.name}: timing torch.compile of the reference")
-                with self._stage("torch.compile"):
-                    self.compiled = pool.time_compiled()
+        with self.log.record("timing", f"{ctx.task.name}/reference"), \
+                self._stage("reference"):
+            self.start = pool.time_all()
+        if ctx.task.timing[ctx.device.type].compile_reference and \
+                ctx.options.rigour.compile_baseline and self.compiled is None:
+            self.compiling = Compiled(ctx, pool.main.name, pool.skips)
+            self.compiling.start()  # ahead, where the run has spare cores
         self.reference, self.notes = pool.table(self.start, None, self.compiled)
         sink.problem(self.record())
         pool.prestart(bool(alternating.fresh_cases(ctx, self.reference)),

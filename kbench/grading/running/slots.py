@@ -95,7 +95,8 @@ class SlotsExecutor:
         ordered = [j for group in sorted(groups.values(), key=len, reverse=True) for j in group]
         template = units.Unit([], env_problem, cores, 0,
                               tuple(dict.fromkeys(job.task for job in jobs)),
-                              tuple(job.path for job in jobs))
+                              tuple(job.path for job in jobs), spare=self.split.build
+                              if self.split.split else ())
         with Pipeline(self.options, self.local.toolchain, env_problem, self.split,
                       self.say) as pipeline:
             pipeline.start(ordered)

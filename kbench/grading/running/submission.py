@@ -14,7 +14,7 @@ import torch
 from kbench.grading.building import build
 from kbench.grading.building.build import Built
 from kbench.grading.building.watch import Watcher, tampered
-from kbench.grading.channel import Channel, Stop
+from kbench.grading.channel import Ahead, Channel, Stop
 from kbench.grading.checking import causes, correctness, custom_kernels, weights
 from kbench.grading.checking import kernelbench_rules as kb_rules
 from kbench.grading.context import Context
@@ -27,6 +27,7 @@ from kbench.problems.discovery import Submission
 from kbench.problems.task import Params
 from kbench.results.run_record import Benchmark, RuleVerdict, SubmissionResult
 from kbench.results.verdict import Status, Verdict
+from kbench.shared import protocol
 
 
 class Slot:
@@ -102,7 +103,7 @@ class Slot:
         if self.upcoming is not None:
             sub, self.upcoming = self.upcoming, None
             spawn.prestart(self.ctx.logs / f"{sub.log_name}.run.log",
-                             build.env(self.ctx, sub), self.ctx.device.type)
+                           build.env(self.ctx, sub), self.ctx.device.type, _spare(self.ctx))
 
     def _run(self, sub: Submission, result: SubmissionResult,
              reference: list[Benchmark], judge: Judge) -> None:
@@ -123,29 +124,42 @@ class Slot:
             if kb_rules.applies(ctx):
                 self._kernelbench(sub, result, channel, differ, ranks=kernelbench)
                 lap("kernelbench")
-            if not kernelbench:
-                try:
-                    returned = correctness.check(ctx, channel, sub, result)
-                except Stop as stop:
-                    stop.verdict = _explained(stop.verdict, differ)
-                    raise
-                correctness.recheck(ctx, sub, returned)
-                lap("correctness")
-            if ctx.options.timed:
-                with judge:
+            kernels = _kernels_ahead(ctx, sub, result)
+            try:
+                if not kernelbench:
                     try:
-                        alternating.time_submission(
-                            ctx, channel, result, reference, self.pool,
-                            lambda rounds: self._round_channels(sub, rounds, result), judge)
-                    finally:
-                        result.timed_beside = judge.record()
-                lap("timing")
-                self._prestart()
-            # What ran is profiled where the report shows it (a timed run) or a policy needs
-            # it; last: the profiler stays loaded in the process.
-            if ctx.options.profiles_kernels:
-                custom_kernels.measure(ctx, channel, result, _profiled_sizes(ctx, reference))
-                lap("kernels")
+                        returned = correctness.check(ctx, channel, sub, result)
+                    except Stop as stop:
+                        stop.verdict = _explained(stop.verdict, differ)
+                        raise
+                    correctness.recheck(ctx, sub, returned)
+                    lap("correctness")
+                if ctx.options.timed:
+                    self._time(sub, channel, result, reference, judge, kernels)
+                    lap("timing")
+                    self._prestart()
+                # What ran is profiled where the report shows it (a timed run) or a policy
+                # needs it; last: the profiler stays loaded in the process that ran it.
+                if ctx.options.profiles_kernels:
+                    custom_kernels.measure(ctx, _profiling(kernels, channel), result,
+                                           _profiled_sizes(ctx, reference))
+                    lap("kernels")
+            finally:
+                if kernels is not None:
+                    kernels.close()
+
+    def _time(self, sub: Submission, channel: Channel, result: SubmissionResult,
+              reference: list[Benchmark], judge: Judge, kernels: Ahead | None) -> None:
+        if kernels is not None:
+            kernels.wait(0)  # its model built: no device work of its own beside the timing
+        with judge:
+            try:
+                alternating.time_submission(
+                    self.ctx, channel, result, reference, self.pool,
+                    lambda rounds: self._round_channels(sub, rounds, result), judge,
+                    [kernels.channel] if kernels is not None else [])
+            finally:
+                result.timed_beside = judge.record()
 
     def _unloaded(self, sub: Submission, result: SubmissionResult, verdict: Verdict) -> Verdict:
         """KernelBench's verdict on a submission that failed as it loaded (on one of the
@@ -183,7 +197,7 @@ class Slot:
         if ctx.options.timed and alternating.fresh_cases(ctx, reference):
             for r in range(1, ctx.options.rigour.fresh_rounds):
                 spawn.prestart(ctx.logs / _round_log(sub, r), build.env(ctx, sub),
-                                 ctx.device.type)
+                               ctx.device.type, _spare(ctx))
 
     def _round_channels(self, sub: Submission, rounds: int, result: SubmissionResult
                         ) -> list[Channel]:
@@ -208,6 +222,37 @@ class Slot:
                 channel.close()
             raise
         return channels
+
+
+def _kernels_ahead(ctx: Context, sub: Submission, result: SubmissionResult) -> Ahead | None:
+    """Where what ran will be profiled and the run has spare cores: a process of the
+    submission readied for it there while it is checked and timed (its model built, the
+    profiler's first start paid: 3.9 s on an H100), stopped with the rest of the submission
+    whenever the reference runs."""
+    if not ctx.options.profiles_kernels or ctx.spare is None:
+        return None
+    spec, log = ctx.load_spec(), f"{sub.log_name}.kernels.log"
+    result.logs.append(str(ctx.logs / log))
+    return Ahead(ctx, log, build.env(ctx, sub), [
+        lambda channel: channel.load(sub, instantiate=True, spec=spec),
+        lambda channel: channel.call(protocol.PrepareProfiler(), ctx.task.limits.load_s,
+                                     "profile")])
+
+
+def _profiling(kernels: Ahead | None, channel: Channel) -> Channel:
+    """The process what ran is profiled in: the one readied for it, else (none, or it
+    failed) the submission's own."""
+    if kernels is not None:
+        try:
+            return kernels.take()
+        except Stop:
+            pass
+    return channel
+
+
+def _spare(ctx: Context) -> tuple[int, ...]:
+    """Where workers started ahead of their turn start (no core of the timing's), if anywhere."""
+    return ctx.spare.cpus if ctx.spare else ()
 
 
 def _round_log(sub: Submission, r: int) -> str:

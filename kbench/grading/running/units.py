@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kbench.grading.building.build import Built
+from kbench.grading.building.hostsplit import BUILD_NICE
+from kbench.grading.context import Spare
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Options
 from kbench.grading.running.local import LocalExecutor
@@ -66,13 +68,15 @@ class Unit:
     # the problems close after them (drift check, processes ended); else they stay open for
     # the next unit (kbench.grading.running.slots), closed by ``finish`` at the latest.
     last: bool = True
+    spare: tuple[int, ...] = ()  # cores for work ahead of its turn (kbench.grading.context.Spare)
 
     def to_dict(self) -> dict:
         built = None if self.built is None else {p: b.to_dict() for p, b in self.built.items()}
         return {"jobs": [j.to_dict() for j in self.jobs], "number": self.number,
                 "environment_problem": self.environment_problem, "cores": self.cores,
                 "run_tasks": list(self.run_tasks), "run_files": list(self.run_files),
-                "built": built, "final": self.final, "last": self.last}
+                "built": built, "final": self.final, "last": self.last,
+                "spare": list(self.spare)}
 
     @classmethod
     def from_dict(cls, data: dict) -> Unit:
@@ -81,7 +85,8 @@ class Unit:
                    data["cores"], data["number"], tuple(data["run_tasks"]),
                    tuple(data["run_files"]),
                    None if built is None else {p: Built.from_dict(b) for p, b in built.items()},
-                   data.get("final", False), data.get("last", True))
+                   data.get("final", False), data.get("last", True),
+                   tuple(data.get("spare", ())))
 
     def rest(self, jobs: list[Job]) -> Unit:
         """The same unit with only ``jobs`` left, to grade again."""
@@ -146,6 +151,7 @@ def run(unit: Unit, emit: Emit) -> None:
     executor = _executors[key]
     executor.say = lambda line: emit(Event(say=line))  # this unit's emit (a Ray task has its own)
     executor.environment_problem = unit.environment_problem
+    executor.spare = Spare(unit.spare, BUILD_NICE) if unit.spare else None
     executor.watcher.for_run(unit.run_tasks, unit.run_files)
     executor.run(unit.jobs, EventSink(emit), unit.built,
                  None if unit.final else lambda job: emit(Event(defer=job)), close=unit.last)

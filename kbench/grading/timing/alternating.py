@@ -36,7 +36,7 @@ def fresh_cases(ctx: Context, reference: list[Benchmark]) -> list[int]:
 
 def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
                     reference: list[Benchmark], pool: ReferencePool,
-                    open_rounds: OpenRounds, judge: Judge) -> None:
+                    open_rounds: OpenRounds, judge: Judge, beside: list[Channel]) -> None:
     """Each case in rounds, alternating with the reference's. Cases whose reference ran
     under the task's ``fresh_rounds_below_ms`` at the start take the profile's fresh rounds
     (kbench.grading.options.Rigour), every
@@ -46,9 +46,10 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
     round by round, so that a round costs one new process per side; the first is the
     submission's own process, where kbench's clock runs later. The other rounds' processes
     are loaded side by side before the first round (their start overlapped the checks before
-    timing: kbench.grading.running.submission), and every process of the submission is
-    stopped while the reference runs. The checks that host load can fool go through
-    ``judge`` (kbench.grading.timing.disturbance); the seconds of each part go to ``timing_s``."""
+    timing: kbench.grading.running.submission), and every process of the submission
+    (``beside`` too: others it has open meanwhile) is stopped while the reference runs. The
+    checks that host load can fool go through ``judge`` (kbench.grading.timing.disturbance);
+    the seconds of each part go to ``timing_s``."""
     mine: dict[int, list[Samples]] = {}  # per timed case, the submission's rounds
     theirs: dict[int, list[Samples | None]] = {}  # and the reference's
     for i, ref in enumerate(reference):
@@ -60,18 +61,18 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
     fresh = fresh_cases(ctx, reference)
     rigour = ctx.options.rigour
     part = _Parts(result.timing_s)
-    processes = [channel]  # the submission's processes open now
+    processes = [channel]  # the submission's processes for its rounds, open now
 
     def one_round(i: int, process: Channel, worker: ReferenceWorker, count: int) -> None:
         params = reference[i].params
-        with part("reference"), _all_frozen(processes):  # no submission process runs
+        with part("reference"), _all_frozen(processes + beside):  # none of it runs
             theirs[i].append(worker.samples(i, params, count))
         with part("rounds"):
             mine[i].append(process.samples(params, count, keep=True))
         with part("verify"):
             integrity.verify(ctx, process, params, mine[i][-1].kept)
 
-    with part("reference processes"), _all_frozen(processes):  # opened where none is yet
+    with part("reference processes"), _all_frozen(processes + beside):  # opened, if not yet
         pool.ready(bool(fresh), eager=ctx.options.timing is TimingMode.EAGER)
     if fresh:
         with part("fresh processes"):
@@ -106,16 +107,17 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
         with part("clock"):
             judge.checked(lambda b=bench, i=i: integrity.trusted_clock(
                 ctx, channel, b, judge.disturbed,
-                lambda calls, passes: _empty_trips(pool, channel, i, calls, passes)))
+                lambda calls, passes: _empty_trips(pool, [channel, *beside], i, calls,
+                                                   passes)))
     measurement.add_speedups(result, reference)
     kernelbench_timing.overall(result)
 
 
-def _empty_trips(pool: ReferencePool, channel: Channel, index: int, calls: int,
+def _empty_trips(pool: ReferencePool, processes: list[Channel], index: int, calls: int,
                  passes: int) -> list[float]:
     """Empty clocked passes timed in the reference's clock process while the submission's
     processes are stopped: nothing of the submission can slow them."""
-    with channel.frozen():
+    with _all_frozen(processes):
         return pool.clock.empty_trips(index, calls, passes)
 
 

@@ -56,7 +56,7 @@ class ReferenceWorker:
         overlaps other work, and opening it later finds it ready."""
         if self.channel is None:
             spawn.prestart(self.ctx.logs / f"{self.name}.run.log", child_env({}),
-                             self.ctx.device.type)
+                           self.ctx.device.type, self.ctx.spare.cpus if self.ctx.spare else ())
 
     def ready(self, spec: protocol.ModelSpec) -> None:
         """Open now where it can be, building the instance ``spec`` names (see Channel.load:
@@ -202,21 +202,6 @@ class ReferencePool:
         """One round of every case (with ``only``: of the cases timed then)."""
         return [self.main.samples(i, params) if only is None or only[i] else None
                 for i, params in enumerate(self.ctx.benchmarks)]
-
-    def time_compiled(self) -> tuple[list[Samples | None], str | None]:
-        """torch.compile of the reference, case by case, in its own process; and why it
-        failed, if it did."""
-        ctx = self.ctx
-        timings: list[Samples | None] = [None] * len(ctx.benchmarks)
-        try:
-            with Channel(ctx, f"{self.main.name}.compile.run.log", child_env({})) as channel:
-                channel.load(ctx.reference_file, True, "Model", compile=True)
-                for i, params in enumerate(ctx.benchmarks):
-                    if self.skips[i] is None:
-                        timings[i] = channel.samples(params)
-        except Stop as stop:
-            return timings, stop.verdict.reason
-        return timings, None
 
     def failures(self) -> set[str]:
         return {w.failure for w in self.rounds if w.failure}
