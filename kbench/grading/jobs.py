@@ -56,6 +56,11 @@ class Sink(Protocol):
 
     def result(self, result: SubmissionResult) -> None: ...
 
+    def revised(self, result: SubmissionResult) -> None:
+        """A result already given, with figures that came after it (its speedups over
+        torch.compile of the reference, timed as its problem closed): kept, not counted
+        again."""
+
 
 class Executor(Protocol):
     notes: list[str]  # what the run's reports say about the grading itself, once it ran

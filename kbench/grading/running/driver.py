@@ -51,6 +51,9 @@ class _StoreSink:
         self.store.add_result(self.run_id, result)
         self.report(result)
 
+    def revised(self, result: SubmissionResult) -> None:
+        self.store.add_result(self.run_id, result)
+
 
 def plan_digest(plan: Plan) -> str:
     """What a resumed run must still grade against: every task's digest, by name."""

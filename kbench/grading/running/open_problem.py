@@ -18,12 +18,12 @@ from kbench.grading.context import Context
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import TimingMode
 from kbench.grading.running.submission import Slot
-from kbench.grading.timing import alternating
+from kbench.grading.timing import alternating, measurement
 from kbench.grading.timing.compiled import Compiled
 from kbench.grading.timing.reference_pool import ReferencePool
 from kbench.host import activity, backends, spawn
 from kbench.problems.discovery import Submission
-from kbench.results.run_record import Benchmark, ProblemRun
+from kbench.results.run_record import Benchmark, ProblemRun, SubmissionResult
 from kbench.shared.protocol import Samples
 
 
@@ -41,6 +41,7 @@ class OpenProblem:
         self.compiled: tuple[list[Samples | None], str | None] | None = None
         self.compiling: Compiled | None = None  # torch.compile of it, timed as it closes
         self.timed = False  # a submission was timed against it since it last opened
+        self.graded: list[SubmissionResult] = []  # those, for their speedups over compile
         self.stage_s: dict[str, float] = {}  # seconds of the problem's own stages
         self.notes = [] if ctx.options.timed else [  # on its timing, beside screening's
             "timing skipped: --case selects correctness cases only" if ctx.options.case_indices
@@ -77,7 +78,9 @@ class OpenProblem:
             defer(replace(job, retimed=slot.deferred))
             return
         sink.result(result)
-        self.timed = self.timed or any(b.candidate for b in result.benchmarks)
+        if any(b.candidate for b in result.benchmarks):
+            self.timed = True
+            self.graded.append(result)
 
     def close(self, sink: Sink) -> None:
         """Its processes ended, the reference timed again first where a submission was timed
@@ -92,6 +95,12 @@ class OpenProblem:
                 with self._stage("torch.compile"), self.log.record(
                         "timing", f"{ctx.task.name}/reference"):
                     self.compiled = self.compiling.time()
+            late = [r for r in self.graded if r.compile_speedup is None]
+            if self.compiled and late:  # timed after them: their speedups over it now
+                table = pool.table(self.start, None, self.compiled)[0]
+                for result in late:
+                    if measurement.add_compile_speedups(result, table):
+                        sink.revised(result)
             if self.timed:
                 ctx.say(f"{ctx.task.name}: timing the reference again (drift check)")
                 with self._stage("drift check"), self.log.record("timing",
@@ -108,7 +117,7 @@ class OpenProblem:
                 self.compiling = None
             self.copy_gbps = pool.copy_gbps or self.copy_gbps
             pool.__exit__(None, None, None)
-            self.pool, self.timed = None, False
+            self.pool, self.timed, self.graded = None, False, []
             ctx.forget()
 
     def _time_reference(self, sink: Sink) -> None:

@@ -27,12 +27,13 @@ class Event:
 
     problem: ProblemRun | None = None
     result: SubmissionResult | None = None
+    revised: SubmissionResult | None = None  # a result given before, with later figures
     say: str | None = None
     defer: Job | None = None
     done: bool = False
 
     def to_dict(self) -> dict:
-        for name in ("problem", "result", "defer"):
+        for name in ("problem", "result", "revised", "defer"):
             if (value := getattr(self, name)) is not None:
                 return {name: value.to_dict()}
         return {"say": self.say} if self.say is not None else {"done": True}
@@ -41,7 +42,8 @@ class Event:
     def from_dict(cls, data: dict) -> Event:
         (name, value), = data.items()
         typed = {"problem": ProblemRun.from_dict, "result": SubmissionResult.from_dict,
-                 "defer": Job.from_dict}.get(name, lambda v: v)
+                 "revised": SubmissionResult.from_dict, "defer": Job.from_dict
+                 }.get(name, lambda v: v)
         return cls(**{name: typed(value)})
 
 
@@ -132,6 +134,9 @@ class EventSink:
     def result(self, result: SubmissionResult) -> None:
         self.emit(Event(result=result))
 
+    def revised(self, result: SubmissionResult) -> None:
+        self.emit(Event(revised=result))
+
 
 # The last options' executor: a slot process grades every unit under the same options (the
 # toolchain found once); each Ray task has an output folder of its own, so only one is kept.
@@ -183,6 +188,8 @@ class Delivery:
             self.deferred.append(event.defer)
         elif event.result is not None:
             self.sink.result(event.result)
+        elif event.revised is not None:
+            self.sink.revised(event.revised)
         elif event.problem is not None:
             self._problem(event.problem, owner)
         elif event.say is not None:
