@@ -100,6 +100,7 @@ def _steps(model, draw, n: int = 30) -> dict[str, float]:
             step("idle probe", lambda: idle_probe(hold.ms + timed[0] - timed[2],
                                                   hold.cycles_per_ms))
         out = model(*args)
+        torch.cuda.synchronize()  # its output for the fingerprint, not timed
         step("clocks", clocks.read)
         step("fingerprint", lambda: fingerprint(out))
     return {k: round(statistics.fmean(v), 4) for k, v in spent.items()}

@@ -5,6 +5,7 @@ device, and held open while its submissions come (kbench.grading.running.open_pr
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import time
@@ -138,14 +139,16 @@ class LocalExecutor:
 
     def _as_built(self, jobs: list[Job], sink: Sink, pipeline: Pipeline,
                   defer: Callable[[Job], None]) -> None:
-        """``jobs`` in the order their builds come out of ``pipeline``, those of a problem
-        open now first; a problem closes once its last job is graded. Suspects are left for
-        the end."""
+        """``jobs`` in the order their builds come out of ``pipeline``: those of a problem
+        whose reference processes are up first, then those of the problems with the fewest
+        jobs left (they close sooner, their processes and memory given back); a problem
+        closes once its last job is graded. Suspects are left for the end."""
         pending = list(jobs)
         while pending:
             released, suspects = pipeline.landed(pending)
+            left = collections.Counter((j.task, j.problem) for j in pending)
             ready = sorted((j for j in pending if j.path in released or j.path in suspects),
-                           key=lambda j: not self._is_open(j))
+                           key=lambda j: (not self._is_open(j), left[(j.task, j.problem)]))
             job = ready[0]
             pending.remove(job)
             if job.path in released:

@@ -49,8 +49,9 @@ class OpenProblem:
 
     @property
     def is_open(self) -> bool:
-        """Its reference processes are up (a submission graded now reuses them)."""
-        return self.pool is not None
+        """Its reference is timed and its processes are up (a submission graded now reuses
+        them)."""
+        return self.pool is not None and self.reference is not None
 
     def record(self) -> ProblemRun:
         """Its record as the store keeps it, reference table included once timed."""
