@@ -126,3 +126,23 @@ def test_kernel_languages_on_a_machine_without_gpu(tmp_path, cache_dir):
         assert subs[name]["status"] == "import_error", subs[name]["reason"]
         assert "SyntaxError" in subs[name]["reason"]
     assert ",l2norm_triton,triton,skipped," in (tmp_path / "out" / "results.csv").read_text()
+
+
+def test_cuda_code_on_a_machine_without_gpu_is_not_compiled_unless_asked(tmp_path, cache_dir):
+    # nvcc's minutes would end in `skipped` all the same: its syntax is checked, nothing built.
+    from conftest import ROOT, by_name, grade, has_nvcc, quick_task
+
+    broken = tmp_path / "l2norm_broken.py"
+    broken.write_text((ROOT / "kbench" / "submissions" / "l2norm_v3.py").read_text()
+                      + "\ndef oops(:\n")
+    code, results = grade([str(ROOT / "kbench" / "submissions" / "l2norm_v3.py"), str(broken),
+                           "--task", str(quick_task(tmp_path)), "--device", "cpu",
+                           "--no-timing"], tmp_path / "out", cache_dir)
+    subs = by_name(results)
+    assert code == 0 and subs["l2norm_v3"]["status"] == "skipped"
+    assert subs["l2norm_v3"]["build_s"] == 0
+    if has_nvcc:
+        assert "not compiled here" in subs["l2norm_v3"]["reason"]
+        assert "--build-all" in subs["l2norm_v3"]["reason"]
+        assert subs["l2norm_broken"]["status"] == "import_error"
+        assert "SyntaxError" in subs["l2norm_broken"]["reason"]

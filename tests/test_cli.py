@@ -76,3 +76,24 @@ def test_new_writes_here_by_default_not_among_the_bundled_submissions(tmp_path, 
     assert cli.main(["new", "l2norm", "v9"]) == 0
     assert (tmp_path / "l2norm_v9.py").is_file()
     assert set(paths.submissions_dir().iterdir()) == before
+
+
+def test_a_one_file_grade_prints_its_verdicts_not_the_whole_leaderboard(tmp_path, capsys,
+                                                                         cache_dir):
+    # Its lines as it goes, a line per submission at the end, each fitting a terminal.
+    from conftest import FIXTURES, quick_task
+
+    task = quick_task(tmp_path)
+    args = [str(FIXTURES / "cpu" / "l2norm_kernelbench.py"), "--task", str(task), "--device",
+            "cpu", "--no-timing"]
+    code, results = grade(args, tmp_path / "out", cache_dir)
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0 and results["submissions"][0]["status"] == "wrong_output"
+    assert len(lines) <= 15, "\n".join(lines)
+    # The terminal's width (120 where unknown) but where a path is longer than that.
+    assert max(len(line) for line in lines if str(tmp_path) not in line) <= 125
+    assert not any(line.startswith("# kbench leaderboard") for line in lines)
+    assert any("l2norm_kernelbench: wrong_output - case" in line for line in lines)
+    code, _ = grade([*args, "--force", "--leaderboard"], tmp_path / "out", cache_dir)
+    assert any(line.startswith("# kbench leaderboard") for line in
+               capsys.readouterr().out.splitlines())

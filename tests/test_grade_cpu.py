@@ -151,10 +151,12 @@ def test_correct_submissions_are_timed_and_ranked(run):
 
 
 def test_failure_is_reproducible_from_its_case(run, tmp_path, cache_dir):
-    _, results, _, task = run
+    _, results, out, task = run
     failure = by_name(results)["l2norm_kernelbench"]["failure"]
     case = failure["case"]
     assert f"--seed 1234 --case {case['index']}" in failure["reproduce"]
+    # Its task and output folder named: run from anywhere, it grades the same and writes there.
+    assert f"--task {task}" in failure["reproduce"] and f"--out {out}" in failure["reproduce"]
     code, again = grade([str(FIXTURES / "cpu" / "l2norm_kernelbench.py"), "--task", str(task),
                          "--seed", "1234", "--case", str(case["index"])], tmp_path, cache_dir)
     sub = again["submissions"][0]

@@ -246,3 +246,41 @@ def test_a_file_name_with_markup_is_text_in_tables_and_charts():
     run.submissions[0] = replace(run.submissions[0], name="relu_<script>x()</script>")
     page = html_report.page(run)
     assert "<script>x()" not in page and page.count("&lt;script&gt;x()") >= 3  # table, h3, chart
+
+
+def test_every_report_says_a_disturbed_timing_first():
+    # index.html as the Markdown: each note on a submission's figures, the disturbance first.
+    from kbench.results.run_record import TimedBeside
+
+    run = _run()
+    fast = next(s for s in run.submissions if s.name == "relu_fast")
+    fast.flags = ["no-custom-kernel"]
+    fast.timed_beside = TimedBeside(seconds=3.0, other_busy_cores=1.5, load_avg=2.5, cores=2,
+                                    beside=["build of level1/gemm/gemm_a"], disturbed=True)
+    said = report.labels(fast)
+    assert said[0].startswith("timed on a disturbed host (1.5 of 2 cores busy") and \
+        said[-1] == "no-custom-kernel"
+    assert "timed on a disturbed host (1.5 of 2 cores busy with other work" in \
+        html_report.page(run)
+    assert "timed on a disturbed host" in report.leaderboard(run)
+
+
+def test_a_cpu_run_is_described_in_cpu_words():
+    run = replace(_run(), environment={"device": "cpu", "device_name": "AMD EPYC",
+                                       "torch": "2.14"})
+    board = report.leaderboard(run)
+    assert "on its GPU" not in board and "device to device" not in board
+    assert "SM/mem MHz" not in board and "copy bandwidth (in host memory" in board
+    gpu = report.leaderboard(_run())
+    assert "SM/mem MHz" not in gpu  # no clocks were read there either: no column
+
+
+def test_a_speedup_is_shown_beside_the_reference_it_divides():
+    # The per-size table: the submission's median and the reference rounds' beside it.
+    board = report.leaderboard(_run())
+    header = next(line for line in board.splitlines() if "| submission" in line
+                  and "| size" in line)
+    assert "| median " in header and "| reference " in header
+    row = next(line for line in board.splitlines() if line.startswith("| relu_fast")
+               and "16x1024" in line)
+    assert "0.5 ms" in row and "1 ms" in row

@@ -44,3 +44,42 @@ def test_new_copies_the_reference_constructor(tmp_path, capsys):
     body = ast.unparse(init)
     assert "super().__init__()" in body and "super(Model" not in body
     assert body.index("self.fc = nn.Linear(n, m)") < body.index("self.scale = nn.Parameter")
+
+
+def test_a_cpu_skeleton_filled_in_is_ok_on_a_machine_without_gpu(tmp_path, cache_dir, capsys):
+    # The newcomer's path (README, "Your own kernel"): --cpu, the reference's expression filled
+    # in (the scale in Python, the softmax in ATen's C++), checked with --no-timing.
+    import re
+    import time
+
+    from conftest import grade
+
+    assert cli.main(["new", "softmax", "mine", "--cpu", "--dir", str(tmp_path)]) == 0
+    said = capsys.readouterr().out
+    path = tmp_path / "softmax_mine.py"
+    assert f"kbench grade {path} --device cpu --no-timing" in said
+    text = path.read_text()
+    assert "Task: Softmax with a temperature" in text and "Base class" not in text
+    text = re.sub(r"AT_DISPATCH_FLOATING_TYPES_AND2\(.*?\n    \}\);\n", "", text, flags=re.S)
+    text = text.replace("auto output = torch::empty_like(input);",
+                        "auto output = torch::softmax(input, -1);")
+    text = text.replace("extension.softmax_mine_forward(x)",
+                        "extension.softmax_mine_forward(x / self.temperature)")
+    path.write_text(text)
+    args = [str(path), "--device", "cpu", "--no-timing"]
+    code, results = grade(args, tmp_path / "first", cache_dir)  # its first build
+    (sub,) = results["submissions"]
+    assert code == 0 and sub["status"] == "ok", sub["reason"]
+    started = time.monotonic()
+    code, results = grade([*args, "--force"], tmp_path / "again", cache_dir)
+    assert code == 0 and results["submissions"][0]["status"] == "ok"
+    assert time.monotonic() - started < 120  # measured on 2 cores: README, "Your own kernel"
+
+
+def test_a_task_without_a_description_writes_none(tmp_path):
+    # Model without a docstring of its own: nothing, never nn.Module's "Base class for ...".
+    problem = tmp_path / "8_Plain.py"
+    problem.write_text(PROBLEM)
+    assert cli.main(["new", str(problem), "v1", "--dir", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "8_Plain_v1.py").read_text()
+    assert "Task:" not in text and "Base class" not in text

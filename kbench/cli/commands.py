@@ -103,6 +103,12 @@ def _grade_parser(sub) -> None:
                        "with kbench's own precompiled torch header (the same binaries, less "
                        "compiler time where several submissions share flags; off by default "
                        "until measured on real CUDA batches: docs/scaling.md)")
+    grade.add_argument("--leaderboard", action="store_true", help="print the whole "
+                       "leaderboard at the end (it is written to leaderboard.md in any case; "
+                       "printed anyway for several problems)")
+    grade.add_argument("--build-all", action="store_true", help="build also what cannot run "
+                       "on this device (CUDA code on a machine without a GPU), to find its "
+                       "build errors: it is skipped all the same (default: not built)")
     grade.add_argument("--resume", action="store_true", help="finish the newest interrupted "
                        "run of this task in --out: same seed and options, only what is missing")
     grade.add_argument("--force", action="store_true", help="grade again even files whose "
@@ -177,12 +183,15 @@ def _machine_parsers(sub) -> None:
     listing.set_defaults(handler=_list)
 
     new = sub.add_parser("new", help="write a load_inline skeleton submission to fill in, "
-                         "its constructor the reference Model's")
+                         "its constructor the reference Model's (CUDA C++; --cpu: C++ for "
+                         "the CPU)")
     new.add_argument("task", help="task name (e.g. l2norm) or problem file")
     new.add_argument("name", help="submission name, e.g. v5 -> l2norm_v5.py")
     new.add_argument("--dir", type=Path, default=None, help="where to write it (default: "
                      "this folder; not kbench/submissions, whose every file the quick start "
                      "grades)")
+    new.add_argument("--cpu", action="store_true", help="C++ for the CPU instead of CUDA: "
+                     "graded with --device cpu, on a machine without a GPU too")
     new.set_defaults(handler=_new)
 
 
@@ -320,11 +329,13 @@ def _new(args: argparse.Namespace) -> int:
         task = load_task(args.task)
         bundled = task.path.resolve().parent == paths.tasks_dir().resolve()
         folder = args.dir or Path.cwd()
-        path = scaffold.create(task, args.name, folder)
+        where = "" if bundled else f" --task {args.task}"
+        path = scaffold.create(task, args.name, folder, args.cpu, where)
     except (TaskError, ValueError, FileExistsError) as exc:
         return fail(str(exc))
-    where = "" if bundled else f" --task {args.task}"
-    print(f"wrote {path}; fill in the kernel, then: kbench grade {path}{where}")
+    device = " --device cpu" if args.cpu else ""
+    print(f"wrote {path}; fill in the kernel, check it with: kbench grade {path}{where}"
+          f"{device} --no-timing; then time it: the same without --no-timing")
     return 0
 
 

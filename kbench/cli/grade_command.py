@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import secrets
 import shlex
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -114,7 +115,8 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
     asked = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch,
              "timing": args.timing, "untimed": args.no_timing, "profile": args.profile,
              "require_custom_kernels": args.require_custom_kernels, "rules": args.rules,
-             "atol": args.atol, "rtol": args.rtol, "include_degenerate": args.include_degenerate}
+             "atol": args.atol, "rtol": args.rtol, "include_degenerate": args.include_degenerate,
+             "build_all": args.build_all}
     settings = {k: v for k, v in asked.items() if v is not None}  # the rest: Options' defaults
     seed, run_id = args.seed, None
     unfinished = store.unfinished_run(label)
@@ -161,7 +163,7 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
     finally:
         progress.close()
     try:
-        return render(store, run_id, out_dir, logs=True)
+        return render(store, run_id, out_dir, logs=True, full=args.leaderboard)
     except interrupt.Interrupted as stopped:  # the run is whole: only its reports are not
         print(f"kbench: stopped while writing the reports ({stopped}); run {run_id} is "
               f"finished and stored: `kbench report --out {shlex.quote(str(out_dir))}` writes "
@@ -169,14 +171,20 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
         return 128 + stopped.signum
 
 
-def render(store: Store, run_id: int, out_dir: Path, logs: bool = False) -> int:
+def render(store: Store, run_id: int, out_dir: Path, logs: bool = False,
+           full: bool = True) -> int:
+    """Write the run's reports; print the whole leaderboard (``full``, or a run of several
+    problems), else a line per submission."""
     from kbench.reports import markdown, report_folder
 
     run = store.load_run(run_id)
     histories = {sub.name: store.history(sub.name) for sub in run.submissions}
     report_folder.write(run, out_dir, histories)
     print()
-    print(markdown.leaderboard(run))
+    if full or len(run.problems) > 1:
+        print(markdown.leaderboard(run))
+    else:
+        print(markdown.console(run, shutil.get_terminal_size((120, 24)).columns), end="")
     print(f"wrote {out_dir / 'index.html'} (open it in a browser), and leaderboard.md, "
           f"results.csv and results.json beside it" + ("; logs in logs/" if logs else ""))
     return 0

@@ -4,6 +4,7 @@ counts below the lines; elsewhere (a log file, CI) each line carries them, plain
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from collections import Counter
@@ -16,6 +17,9 @@ from kbench.results.run_record import SubmissionResult
 class Progress:
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream if stream is not None else sys.stdout  # as it is now, not at import
+        # A result's line is cut to the terminal's width (results.json and the reports have
+        # every reason in full).
+        self.width = shutil.get_terminal_size((120, 24)).columns
         self.counts: Counter[str] = Counter()
         self.start = time.monotonic()
         self.first: float | None = None  # when the first result came
@@ -32,6 +36,7 @@ class Progress:
         """The ``index``-th of ``total`` results this run still had to produce."""
         self.counts[result.status.value] += 1
         line = progress_line(result, index, total)
+        line = line if len(line) <= self.width else line[:self.width - 3] + "..."
         if self.terminal:
             if self.bar is None:
                 from tqdm import tqdm

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,8 +221,10 @@ class Context:
                               mode=self.options.timing.value)
 
     def failure(self, sub: Submission, case: Case) -> dict:
-        """The failing case and the command that reproduces it."""
-        task = f" --task {self.task.path}" if self.task.path.suffix == ".py" else ""
-        return {"case": case.to_dict(),
-                "reproduce": f"kbench grade {sub.path}{task} --seed {self.options.seed} "
-                             f"--case {case.index} --device {self.device.type}"}
+        """The failing case and the command that reproduces it: its task and its run's output
+        folder named (a command run from elsewhere, or for another folder, finds the same
+        task and writes beside the run it repeats)."""
+        command = ["kbench", "grade", str(sub.path), "--task", str(self.task.path), "--seed",
+                   str(self.options.seed), "--case", str(case.index), "--device",
+                   self.device.type, "--out", str(self.options.out_dir)]
+        return {"case": case.to_dict(), "reproduce": shlex.join(command)}

@@ -84,6 +84,10 @@ class Options:
     rtol: float | None = None
     include_degenerate: bool = False  # degenerate problems count in fast_p and the geomean
     pch: bool = False  # kbench's precompiled torch header for C++ builds (kbench.host.pch)
+    # Build also what cannot run on this device (CUDA code on a machine without a GPU): its
+    # build errors are found; it is skipped all the same. Off: nvcc's minutes are not spent
+    # on a verdict of skipped.
+    build_all: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -168,7 +172,7 @@ class Options:
 # A stored result stands for a new one only where these were the same (with the same file,
 # problem, kbench and machine software); --resume repeats them and the rest of RESUMED.
 REUSE_KEY = ("case_indices", "untimed", "timing", "profile", "require_custom_kernels", "rules",
-             "atol", "rtol")
+             "atol", "rtol", "build_all")
 RESUMED = ("device", "cuda_arch", *REUSE_KEY, "include_degenerate")
 
 

@@ -17,6 +17,15 @@ _CUSTOM_KERNEL = re.compile(r"\bload_inline\b|\bcpp_extension\.load\b|__global__
                             r"@cute\.(kernel|jit)\b|@T\.prim_func\b|@tilelang\.jit\b")
 
 
+def compiles(source: str) -> bool:
+    """True when importing the file builds a C++ or CUDA extension (torch's cpp_extension):
+    its build is a compile; any other file's is an import."""
+    return bool(_EXTENSION.search(source))
+
+
+_EXTENSION = re.compile(r"\bload_inline\b|\bcpp_extension\.load\b")
+
+
 def needs_cuda(source: str) -> bool:
     """True when the file compiles CUDA code, which no CPU-only machine can run."""
     return bool(_CUSTOM_KERNEL.search(source)) and bool(_CUDA_SOURCE.search(source))

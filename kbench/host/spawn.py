@@ -244,6 +244,7 @@ class Zygote:
 
 
 _ZYGOTES: dict[tuple, Zygote] = {}
+_ZYGOTES_KEPT = 4  # a run needs two (the reference's workers, the submissions'); each holds torch
 _ZYGOTES_LOCK = threading.Lock()
 # Off where kbench cannot adopt what the zygote forks (not Linux): it could not wait for them.
 FORK = sys.platform == "linux" and os.environ.get("KBENCH_NO_ZYGOTE") is None
@@ -274,11 +275,14 @@ def _zygote(env: dict[str, str]) -> Zygote | None:
             proctree.OWNER: proctree.owner_token()}
     key = (tuple(sorted(base.items())), tuple(sorted(os.sched_getaffinity(0))))
     with _ZYGOTES_LOCK:
-        zygote = _ZYGOTES.get(key)
+        zygote = _ZYGOTES.pop(key, None)
         if zygote is None:
+            while len(_ZYGOTES) >= _ZYGOTES_KEPT:  # the least recently used ends
+                _ZYGOTES.pop(next(iter(_ZYGOTES))).close()
             with contextlib.suppress(OSError):
                 _ZYGOTES[key] = Zygote(base)
             return None
+        _ZYGOTES[key] = zygote  # the latest used last
     return None if zygote.broken else zygote
 
 

@@ -120,6 +120,26 @@ def _size_overrides(r: Any, raw: Any, known: list[str]) -> dict[str, sizes.Range
 
 
 def _semantics(module: Any, file: Path) -> str:
-    doc = inspect.getdoc(module.Model) or ""
-    first = doc.split("\n\n")[0].strip()
-    return first or f"the KernelBench problem {file.name}"
+    """What the problem computes, in its author's words: Model's own docstring, else the
+    file's, else its first comment; else nothing (inspect.getdoc would fall back to
+    nn.Module's: "Base class for all neural network modules.")."""
+    doc = vars(module.Model).get("__doc__") or module.__doc__ or _first_comment(file)
+    return inspect.cleandoc(doc).split("\n\n")[0].strip() if doc else ""
+
+
+def _first_comment(file: Path) -> str:
+    """The file's first block of ``#`` comments (a shebang and coding line left out)."""
+    lines: list[str] = []
+    try:
+        text = file.read_text(errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#!") or stripped.startswith("# -*-"):
+            continue
+        if stripped.startswith("#"):
+            lines.append(stripped.lstrip("#").strip())
+        elif lines or stripped:
+            break
+    return "\n".join(lines)

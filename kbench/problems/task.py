@@ -147,8 +147,18 @@ class Task:
         return valid(self.reference_module(), params, self.mode == "eval")
 
     def min_bytes(self, params: Params, dtype: str) -> int:
-        """Bytes one call must move at least (for GB/s and the memory plan): the reference
-        module's ``min_bytes`` where it has one, else counted (kbench.problems.trial)."""
+        """Bytes one call must move at least (for GB/s and the copy-bandwidth bound): the
+        reference module's ``min_bytes`` where it has one, else counted on the meta device
+        (kbench.problems.trial: what it writes, and of what it reads, what it must)."""
+        module = self.reference_module()
+        if hasattr(module, "min_bytes"):
+            return int(module.min_bytes(params, dtype))
+        work = self._work(params, dtype)
+        return work.moved if work else 0
+
+    def held_bytes(self, params: Params, dtype: str) -> int:
+        """Bytes one call's inputs, parameters and outputs hold (for the memory plan): the
+        module's ``min_bytes`` where it has one, else counted."""
         module = self.reference_module()
         if hasattr(module, "min_bytes"):
             return int(module.min_bytes(params, dtype))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kbench.grading.options import profile_text
 from kbench.reports import charts
+from kbench.reports.markdown import labels
 from kbench.reports.summary import (
     INCONCLUSIVE,
     THRESHOLDS,
@@ -193,7 +194,7 @@ def _leaderboard(run: RunResult) -> str:
             f"<td class=num data-v='{-1 if share is None else share}' "
             f"title='{escape('; '.join(sub.kernels))}'>"
             f"{'-' if share is None else f'{share:.0%}'}</td>"
-            f"<td>{escape(', '.join([*sub.flags, *([doubt] if doubt else [])]))}</td></tr>")
+            f"<td>{escape(', '.join(labels(sub)))}</td></tr>")
     head = ("<th>problem</th>" if many else "") + (
         "<th>submission</th><th>verdict</th><th>backend</th><th>speedup (95 % interval)</th>"
         "<th>lower bound"

@@ -110,6 +110,27 @@ def leaderboard(run: RunResult, images: dict[str, list[str]] | None = None) -> s
     return "\n".join(lines) + "\n"
 
 
+def console(run: RunResult, width: int) -> str:
+    """What a grade of one problem prints when it ends (its lines as they came were its
+    verdicts): each correct submission ranked, each other with its verdict, a line each, cut
+    to ``width`` characters; leaderboard.md has the rest."""
+    lines = [f"**Not run here**: {skipped}"] if (skipped := not_run(run)) else []
+    for problem in run.problems:
+        subs = [s for s in run.submissions if s.problem == problem.name]
+        ok = _ranked(subs)
+        lines.append(f"{problem.name}: {len(ok)} of {len(subs)} correct"
+                     + (f"; problem error: {problem.error}" if problem.error else ""))
+        lines += [f"  {rank}. {sub.name}: {_overall(sub)}"
+                  + (f", vs compile {_speedup(sub.compile_speedup, sub.compile_speedup_ci)}"
+                     if sub.compile_speedup else "") + (f" [{_labels(sub)}]" if labels(sub)
+                                                         else "")
+                  for rank, sub in enumerate(ok, 1)]
+        lines += [f"  {sub.name}: {sub.status.value} - {' '.join(sub.reason.split())}"
+                  for sub in subs if sub.status is not Status.OK]
+    return "\n".join(line if len(line) <= width else line[:width - 3] + "..."
+                     for line in lines) + "\n"
+
+
 def _problem(run: RunResult, problem: ProblemRun, subs: list[SubmissionResult],
              titled: bool) -> list[str]:
     """One problem's section: its notes, reference, ranked and other submissions."""
@@ -161,7 +182,8 @@ def _summary(run: RunResult) -> list[str]:
              + (f"{s.geomean:.3f}x" if s.geomean else "-")]
     lines += _kernelbench_summary(run)
     if s.timing_s is not None:
-        lines.append(f"- timing: {s.timing_s:.1f} s per timed submission on its GPU ("
+        where = "on its GPU" if run.environment.get("device") == "cuda" else "on the CPU"
+        lines.append(f"- timing: {s.timing_s:.1f} s per timed submission {where} ("
                      + ", ".join(f"{k} {v:.1f} s" for k, v in s.timing_parts.items())
                      + "), reference timing at each problem's start and end apart")
     if s.inconclusive:
@@ -225,9 +247,9 @@ def _header(run: RunResult, bound: set[str]) -> list[str]:
              "never loads a submission: timed at the start and the end of the run (the table "
              "below; disagreement beyond noise is reported as drift) and in rounds alternating "
              "with each submission's (what its speedups divide; in eager mode, shapes under the "
-             "task's fresh_rounds_below_ms take each round in new processes on both sides); "
-             "\"vs compile\" divides "
-             "torch.compile of the reference, timed once at the start"]
+             "task's fresh_rounds_below_ms take each round in new processes on both sides; "
+             "\"reference\" beside a submission's median is those rounds'); \"vs compile\" "
+             "divides torch.compile of the reference, timed once"]
     if split := env.get("host_split"):
         lines.append(f"- host cores: {split['text']}")
     if bound:
@@ -235,7 +257,8 @@ def _header(run: RunResult, bound: set[str]) -> list[str]:
                      "these figures include the device's per-kernel launch gaps, which can "
                      "dominate; `--timing graph` measures the kernels alone")
     if run.copy_gbps:
-        lines.append(f"- copy bandwidth (device to device, read + write, this run): "
+        copy = "device to device" if env.get("device") == "cuda" else "in host memory"
+        lines.append(f"- copy bandwidth ({copy}, read + write, this run): "
                      f"{run.copy_gbps:.0f} GB/s; achieved GB/s count the task's minimum traffic "
                      "(in brackets: the share of that copy bandwidth), TFLOP/s the reference's "
                      "counted FLOPs (in brackets: the share of the device's peak)")
@@ -267,9 +290,10 @@ def _reference_table(problem: ProblemRun, copy_gbps: float | None, device: str,
             for b in problem.reference]
     headers = ["shape", "dtype", "median (95% interval)", "samples", "achieved",
                "torch.compile", "SM/mem MHz", "note"]
-    if not any(row[-1] for row in rows):  # no note: no column for it
-        rows, headers = [row[:-1] for row in rows], headers[:-1]
-    return tabulate(rows, headers=headers, tablefmt="github")
+    keep = [k for k, name in enumerate(headers)  # no note, no clocks read (a CPU): no column
+            if name not in ("SM/mem MHz", "note") or any(row[k] not in ("", "-") for row in rows)]
+    return tabulate([[row[k] for k in keep] for row in rows],
+                    headers=[headers[k] for k in keep], tablefmt="github")
 
 
 def _ranked(subs: list[SubmissionResult]) -> list[SubmissionResult]:
@@ -312,26 +336,34 @@ def _sizes_table(run: RunResult, subs: list[SubmissionResult],
     ranked = _ranked(subs)
     device = device_text(run)
     rows = [[sub.name, shape_name(b), _speedup(b.speedup, b.speedup_ci), ms_text(b.candidate),
-             _bandwidth(b.candidate, run.copy_gbps, b, device)] if b.speedup else
-            [sub.name, shape_name(b), f"skipped: {_one_line(b.skipped or '', _SHORT)}", "", ""]
-            for sub in ranked for b in sub.benchmarks]
+             ms_text(b.reference), _bandwidth(b.candidate, run.copy_gbps, b, device)]
+            if b.speedup else
+            [sub.name, shape_name(b), f"skipped: {_one_line(b.skipped or '', _SHORT)}", "", "",
+             ""] for sub in ranked for b in sub.benchmarks]
     return tabulate(rows, headers=["submission", "size", "speedup (95% interval)", "median",
-                                   "achieved"], tablefmt="github") if rows else ""
+                                   "reference", "achieved"],
+                    tablefmt="github") if rows else ""
 
 
 def _labels(sub: SubmissionResult) -> str:
+    return ", ".join(labels(sub))
+
+
+def labels(sub: SubmissionResult) -> list[str]:
+    """What every report says beside a submission, the disturbance of its timing first:
+    notes on its figures, then the facts about its source (flags)."""
     timed = [b.candidate for b in sub.benchmarks if b.candidate is not None]
     side = [f"{_shape(b)} +{b.candidate.side_work_ms:.3g} ms" for b in sub.benchmarks
             if b.candidate is not None and b.candidate.side_work_ms]
     slowed = sum(m.slowed for m in timed)
-    notes = [f"reused from run {sub.reused_from_run}"] if sub.reused_from_run else []
+    beside = sub.timed_beside
+    notes = [f"timed on a disturbed host ({'; '.join(beside.said())})"] \
+        if beside is not None and (beside.disturbed or beside.notes) else []
+    notes += [f"reused from run {sub.reused_from_run}"] if sub.reused_from_run else []
     notes += [doubt] if (doubt := inconclusive(sub)) else []
     notes += [f"work left on other streams, charged: {'; '.join(side)}"] if side else []
     notes += [f"clocks slowed on {slowed} samples"] if slowed else []
-    beside = sub.timed_beside
-    notes += [f"timed on a disturbed host ({'; '.join(beside.said())})"] \
-        if beside is not None and (beside.disturbed or beside.notes) else []
-    return ", ".join([*sub.flags, *notes])
+    return [*notes, *sub.flags]
 
 
 # A reason in a table row is cut to this many characters (in full below the table).

@@ -16,7 +16,7 @@ import psutil
 
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
-from kbench.host import artifacts, backends, build_lock, pch
+from kbench.host import artifacts, backends, build_lock, pch, source_scan
 from kbench.host.build_dirs import build_dir
 from kbench.problems.discovery import Submission
 from kbench.results.verdict import Status, Verdict
@@ -99,12 +99,15 @@ def _warm(ctx: Context, channel: Channel, sub: Submission) -> None:
             del inputs
 
 
-def outcome(built: Built) -> str:
+def outcome(built: Built, source: str) -> str:
+    """A build as a progress line says it: compiled, or (nothing to compile) imported."""
     cleared = f" ({built.cleared})" if built.cleared else ""
+    done, undone = ("built", "not built") if source_scan.compiles(source) else \
+        ("imported", "did not import")
     if built.verdict is None:
-        return f"built in {built.seconds:.0f} s{cleared}"
+        return f"{done} in {built.seconds:.0f} s{cleared}"
     took = f" after {built.seconds:.0f} s" if built.seconds else ""
-    return f"not built{took}: {built.verdict.status.value}{cleared}"
+    return f"{undone if took else 'not built'}{took}: {built.verdict.status.value}{cleared}"
 
 
 def build(ctx: Context, sub: Submission, environment_problem: str | None, cores: int,
@@ -115,8 +118,11 @@ def build(ctx: Context, sub: Submission, environment_problem: str | None, cores:
     ``lock_wait_s`` for another kbench process that builds it, default the build's limit;
     kbench.host.build_lock.Busy after that); ``record``: as ``env`` says."""
     source = sub.path.read_text(errors="replace")
-    if verdict := backends.for_source(source).unavailable(ctx.toolchain, environment_problem,
-                                                          source):
+    backend = backends.for_source(source)
+    if verdict := backend.unavailable(ctx.toolchain, environment_problem, source):
+        return Built(verdict, 0.0)
+    if not ctx.options.build_all and (verdict := backend.unbuilt(ctx.device.type,
+                                                                 ctx.toolchain, source)):
         return Built(verdict, 0.0)
     def run() -> None:
         with Channel(ctx, f"{sub.log_name}.build.log", env(ctx, sub, cores, record), cpus,

@@ -180,7 +180,8 @@ class Pipeline:
             if lines := changed().lines:
                 built = Built(tampered("while building", lines), built.seconds)
             settled[job.path] = built
-            self.say(f"{job.problem}: {job.name} built again alone: {build.outcome(built)}")
+            self.say(f"{job.problem}: {job.name} built again alone: "
+                     f"{build.outcome(built, _text(job))}")
         return settled
 
     def _work(self) -> None:
@@ -217,7 +218,7 @@ class Pipeline:
                                         self.split.nice + (job.path not in self._first
                                                            and _BEHIND_NICE),
                                         lock_wait_s=_LOCK_WAIT_S)
-                self.say(f"{job.problem}: {job.name} {build.outcome(built)}")
+                self.say(f"{job.problem}: {job.name} {build.outcome(built, _text(job))}")
         except build_lock.Busy as busy:  # another kbench process builds it: not a failure
             self.say(f"{job.problem}: {job.name}: {busy}; tried again after the others")
             out = False
@@ -304,6 +305,13 @@ class Pipeline:
                 self._contexts[key] = Context.for_building(task, self.options, self.toolchain)
             except Exception:
                 self._contexts[key] = None
+
+
+def _text(job: Job) -> str:
+    try:
+        return Path(job.path).read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _texts(jobs: list[Job]) -> list[str]:

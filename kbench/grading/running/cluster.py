@@ -176,7 +176,8 @@ class _Tier:
             ray_node.write_logs(report.logs, self.options.out_dir)
             if report.suspect:
                 self.suspects.append(job)
-            done = building.outcome(report.built) if report.built else \
+            done = building.outcome(report.built, job.submission().path.read_text(
+                errors="replace")) if report.built else \
                 f"left to its grading node ({report.note})"
             shipped = f", {report.shipped / 1e6:.1f} MB to ship" if report.shipped else ""
             self.placed.setdefault((report.where.node, report.where.host), []).append(job.name)

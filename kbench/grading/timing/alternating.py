@@ -102,7 +102,7 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
         if kb_rules.applies(ctx) and bench.reference is not None:
             with part("kernelbench"):
                 kernelbench_timing.time_case(ctx, channel, pool.main, i, bench)
-        integrity.within_copy_bandwidth(bench, pool.copy_gbps)
+        integrity.within_copy_bandwidth(ctx, bench, pool.copy_gbps, result.flags)
         judge.checked(lambda b=bench: integrity.ordered(b))
         with part("clock"):
             judge.checked(lambda b=bench, i=i: integrity.trusted_clock(

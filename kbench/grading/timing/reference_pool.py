@@ -250,8 +250,8 @@ class ReferencePool:
 
 def unfit(ctx: Context, params: Params) -> str | None:
     """Why a benchmark case cannot run here: an input and an output being made and two kept
-    for verification must fit, about twice the bytes one call must move."""
-    need = 2 * ctx.traffic(params)
+    for verification must fit, about twice the bytes one call's tensors hold."""
+    need = 2 * ctx.task.held_bytes(params, ctx.task.benchmark_dtype)
     if ctx.device.type == "cuda":
         ctx.release()
         free, where = torch.cuda.mem_get_info(ctx.device)[0], "on the device"

@@ -25,6 +25,11 @@ class Backend:
         """Why, built, it cannot run on ``device``."""
         return None
 
+    def unbuilt(self, device: str, toolchain: Toolchain, source: str) -> Verdict | None:
+        """Its verdict without a build, where building it here costs much and could end in
+        no other verdict than one it has already (it cannot run here); None: build it."""
+        return None
+
     def env(self, toolchain: Toolchain, folder: Path, cores: int) -> dict[str, str]:
         """What its build and its worker process add to the environment: its own build
         folder (content-addressed, see kbench.host.build_dirs) and the cores a build may use. The

@@ -3,6 +3,8 @@ compiles against this torch, kbench.host.toolchain) and, to run, a CUDA device."
 
 from __future__ import annotations
 
+import ast
+
 from kbench.host import source_scan
 from kbench.host.backends.base import Backend
 from kbench.host.toolchain import Toolchain
@@ -29,3 +31,16 @@ class CudaInline(Backend):
             return None
         return Verdict(Status.SKIPPED, f"built with nvcc {toolchain.nvcc_version} for CUDA arch "
                        f"{toolchain.arch_list}; needs a CUDA device to run")
+
+    def unbuilt(self, device: str, toolchain: Toolchain, source: str) -> Verdict | None:
+        """On a machine without a CUDA device: skipped without nvcc's minutes (its Python
+        syntax checked: a parse runs nothing)."""
+        if device != "cpu":
+            return None
+        try:
+            ast.parse(source)
+        except SyntaxError as exc:
+            return Verdict(Status.IMPORT_ERROR, f"line {exc.lineno}: SyntaxError: {exc.msg}")
+        return Verdict(Status.SKIPPED, "CUDA C++ needs a CUDA device to run, and this machine "
+                       "has none: not compiled here (its Python syntax is fine; `kbench grade "
+                       "--build-all` compiles it, to find its build errors)")
