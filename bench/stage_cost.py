@@ -61,8 +61,9 @@ def stopwatch(task_name: str) -> list[dict]:
                         target_ci=t.target_ci)
         with torch.no_grad():
             start = time.perf_counter()
-            samples, kept = timing.measure(lambda args: model(*args), lambda i: draw(),
-                                           torch.device("cuda"), **settings)
+            samples, kept = timing.measure(lambda args, m=model: m(*args),
+                                           lambda i, d=draw: d(), torch.device("cuda"),
+                                           **settings)
             round_s = time.perf_counter() - start
             del kept
             torch.cuda.empty_cache()
@@ -90,19 +91,19 @@ def _steps(model, draw, n: int = 30) -> dict[str, float]:
         spent.setdefault(name, []).append((time.perf_counter() - start) * 1e3)
         return value
 
-    args = draw()
-    model(*args)
+    model(*draw())
     for _ in range(n):
         args = step("fresh inputs", draw)
         step("flush", cache.cool)
-        timed = step("hold + call + busy after", lambda: timed_cuda(lambda: model(*args), hold))
+        timed = step("hold + call + busy after",
+                     lambda a=args: timed_cuda(lambda: model(*a), hold))
         if timed is not None:
-            step("idle probe", lambda: idle_probe(hold.ms + timed[0] - timed[2],
-                                                  hold.cycles_per_ms))
+            step("idle probe", lambda t=timed: idle_probe(hold.ms + t[0] - t[2],
+                                                          hold.cycles_per_ms))
         out = model(*args)
         torch.cuda.synchronize()  # its output for the fingerprint, not timed
         step("clocks", clocks.read)
-        step("fingerprint", lambda: fingerprint(out))
+        step("fingerprint", lambda o=out: fingerprint(o))
     return {k: round(statistics.fmean(v), 4) for k, v in spent.items()}
 
 

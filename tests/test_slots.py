@@ -178,7 +178,8 @@ def test_each_unit_says_its_lines_through_its_own_emit(tmp_path, monkeypatch):
     from kbench.grading.options import Options
     from kbench.grading.running.local import LocalExecutor
 
-    monkeypatch.setattr(LocalExecutor, "run", lambda self, jobs, *rest, **kw: self.say(jobs[0].name))
+    monkeypatch.setattr(LocalExecutor, "run",
+                        lambda self, jobs, *rest, **kw: self.say(jobs[0].name))
     options = Options(device="cpu", out_dir=tmp_path, cache_dir=tmp_path, jobs=1, seed=1)
     first, second = [], []
     for name, events in (("a_0", first), ("b_0", second)):
