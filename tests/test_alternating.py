@@ -89,7 +89,7 @@ def _time(monkeypatch, processes: list[_Process], fail_round: int | None = None)
     pool = SimpleNamespace(main=_Reference(events, 0),
                            rounds=[_Reference(events, r) for r in range(QUICK.fresh_rounds)],
                            copy_gbps=None, failures=lambda: set(), ready=ready)
-    result = SimpleNamespace(benchmarks=[], timing_s={})
+    result = SimpleNamespace(benchmarks=[], timing_s={}, flags=[])
     judge = SimpleNamespace(checked=lambda check: check(), disturbed=lambda: False)
     alternating.time_submission(ctx, main, result, reference, pool, open_rounds, judge, [])
     return events[1:]

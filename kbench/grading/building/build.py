@@ -16,7 +16,7 @@ import psutil
 
 from kbench.grading.channel import Channel, Stop
 from kbench.grading.context import Context
-from kbench.host import artifacts, backends, build_lock, pch, source_scan
+from kbench.host import artifacts, backends, build_lock, failed_builds, pch, source_scan
 from kbench.host.build_dirs import build_dir
 from kbench.problems.discovery import Submission
 from kbench.results.verdict import Status, Verdict
@@ -124,19 +124,29 @@ def build(ctx: Context, sub: Submission, environment_problem: str | None, cores:
     if not ctx.options.build_all and (verdict := backend.unbuilt(ctx.device.type,
                                                                  ctx.toolchain, source)):
         return Built(verdict, 0.0)
+    built_env = env(ctx, sub, cores, record)
+
     def run() -> None:
-        with Channel(ctx, f"{sub.log_name}.build.log", env(ctx, sub, cores, record), cpus,
-                     nice) as channel:
+        with Channel(ctx, f"{sub.log_name}.build.log", built_env, cpus, nice) as channel:
             channel.load(sub, instantiate=False, stage="build")
     wait = ctx.task.limits.build_s if lock_wait_s is None else lock_wait_s
-    return _locked(ctx, sub, run, wait)
+    return _locked(ctx, sub, run, wait, built_env)
 
 
-def _locked(ctx: Context, sub: Submission, run: Callable[[], None], wait_s: float) -> Built:
+def _locked(ctx: Context, sub: Submission, run: Callable[[], None], wait_s: float,
+            built_env: dict[str, str] | None = None) -> Built:
     """``run`` as a build (``_timed``) under the build folder's lock, after what an
-    interrupted build left there is cleared (kbench.host.build_lock)."""
-    with build_lock.held(folder(ctx, sub), wait_s) as cleared:
+    interrupted build left there is cleared (kbench.host.build_lock). With ``built_env`` (a
+    build's, not a JIT warm-up's), a compiler's failure kept from an earlier build of the same
+    inputs is the verdict without building, and this build's is kept
+    (kbench.host.failed_builds)."""
+    where = folder(ctx, sub)
+    with build_lock.held(where, wait_s) as cleared:
+        if built_env is not None and (kept := failed_builds.kept(where, built_env)):
+            return Built(kept, 0.0)
         built = _timed(run)
+        if built_env is not None:
+            failed_builds.keep(where, built_env, built.verdict)
     return replace(built, cleared="; ".join(cleared)) if cleared else built
 
 

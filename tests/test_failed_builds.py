@@ -1,0 +1,43 @@
+"""A compiler's error is kept like a build (kbench.host.failed_builds): the same code and
+toolchain are not compiled again to fail again; any other input compiles anew; what a
+machine's state could have caused is never kept."""
+
+from __future__ import annotations
+
+from conftest import FIXTURES, by_name, grade, quick_task
+
+from kbench.host import failed_builds
+from kbench.results.verdict import Status, Verdict
+
+
+def test_a_compiler_error_is_kept_and_compiled_again_when_an_input_changes(
+        tmp_path, cache_dir, monkeypatch):
+    args = [str(FIXTURES / "cpu" / "l2norm_build_error.py"), "--task",
+            str(quick_task(tmp_path)), "--device", "cpu", "--no-timing", "--force"]
+    first = by_name(grade(args, tmp_path / "out", cache_dir)[1])["l2norm_build_error"]
+    assert first["status"] == "build_error" and first["build_s"] > 0
+    again = by_name(grade(args, tmp_path / "out", cache_dir)[1])["l2norm_build_error"]
+    assert again["status"] == "build_error" and again["build_s"] == 0
+    assert again["reason"].startswith(first["reason"]) and "kept from" in again["reason"]
+    # Another host compiler (or flags): compiled again, and that error kept in turn.
+    kept = failed_builds.inputs
+    monkeypatch.setattr(failed_builds, "inputs", lambda env: {**kept(env), "cxx": "another"})
+    other = by_name(grade(args, tmp_path / "out", cache_dir)[1])["l2norm_build_error"]
+    assert other["status"] == "build_error" and other["build_s"] > 0
+    assert "kept from" not in other["reason"]
+
+
+def test_what_a_machine_could_have_caused_is_never_kept(tmp_path):
+    env = {"PATH": "/usr/bin"}
+    diagnosis = Verdict(Status.BUILD_ERROR, "main.cpp:3:41: error: expected ';' before '}'")
+    for verdict in (Verdict(Status.TIMEOUT, "build: no answer within 900 s"),
+                    Verdict(Status.CRASHED, "worker killed by signal SIGKILL"),
+                    Verdict(Status.BUILD_ERROR, "c++: fatal error: Killed signal terminated "
+                            "program cc1plus"),
+                    Verdict(Status.BUILD_ERROR, "main.o: No space left on device"),
+                    Verdict(Status.BUILD_ERROR, "Error building extension 'l2norm_cpp'"),
+                    None):
+        failed_builds.keep(tmp_path, env, diagnosis)
+        assert failed_builds.kept(tmp_path, env) is not None
+        failed_builds.keep(tmp_path, env, verdict)  # a later build, failing otherwise or not
+        assert failed_builds.kept(tmp_path, env) is None, verdict
