@@ -32,10 +32,11 @@ _MODULE_REQUIRED = {"name", "reference", "semantics", "parameters", "dtypes", "t
                     "correctness", "benchmarks", "timing", "limits"}
 
 
-def _semantics(r: _Reader, value: Any, path: Path) -> str:
-    """What the task computes: a YAML must say; a problem file may say nothing (where neither
-    its Model nor the file has a docstring or a leading comment)."""
-    if path.suffix == ".py" and value == "":
+def _semantics(r: _Reader, value: Any, reference: str) -> str:
+    """What the task computes: a YAML over a module must say; a problem file (alone or under a
+    YAML) may say nothing, where neither its Model nor the file has a docstring or a leading
+    comment."""
+    if reference.endswith(".py") and value == "":
         return value
     return r.text(value, "semantics")
 
@@ -203,7 +204,7 @@ def build(raw: dict, path: Path, module: Any, reference: str, known: tuple[str, 
     limits = Limits(**{k: float(r.number(lim[k], f"limits.{k}", 0.001)) for k in limit_keys})
     mode = r.choice(raw.get("mode", "train"), "mode", ("train", "eval"))
     return Task(name=r.text(raw["name"], "name"), path=path, reference=reference,
-                digest=task_digest, semantics=_semantics(r, raw["semantics"], path),
+                digest=task_digest, semantics=_semantics(r, raw["semantics"], reference),
                 parameters=parameters, dtypes=dtypes, tolerance=tolerance,
                 correctness=correctness, benchmark_dtype=benchmark_dtype,
                 benchmarks=benchmarks, timing=timing, limits=limits, mode=mode, **extra)

@@ -68,7 +68,7 @@ class _Traced(TorchDispatchMode):
 
     def __init__(self, held: list) -> None:
         super().__init__()
-        self.held = {_storage(t): _nbytes([t]) for t in held}
+        self.held = {key: _nbytes([t]) for t in held if (key := _storage(t)) is not None}
         self.live = self.peak = 0
         self.tensors: dict[int, list[int]] = {}  # storage -> [tensors alive on it, its bytes]
         self.read: dict[int, int] = {}  # held storage -> the most bytes one op reads of it
@@ -83,7 +83,7 @@ class _Traced(TorchDispatchMode):
             partial = func._schema.name in _PARTIAL_READS
             for position, arg in enumerate(tree_leaves((args, kwargs or {}))):
                 key = _storage(arg)
-                if key in self.held:
+                if key is not None and key in self.held:
                     seen = _nbytes(tree_leaves(out)) if partial and position == 0 else \
                         _covered(arg)
                     self.read[key] = max(self.read.get(key, 0), seen)

@@ -182,7 +182,7 @@ def _summary(run: RunResult) -> list[str]:
              + (f"{s.geomean:.3f}x" if s.geomean else "-")]
     lines += _kernelbench_summary(run)
     if s.timing_s is not None:
-        where = "on its GPU" if run.environment.get("device") == "cuda" else "on the CPU"
+        where = "on the CPU" if run.environment.get("device") == "cpu" else "on its GPU"
         lines.append(f"- timing: {s.timing_s:.1f} s per timed submission {where} ("
                      + ", ".join(f"{k} {v:.1f} s" for k, v in s.timing_parts.items())
                      + "), reference timing at each problem's start and end apart")

@@ -133,14 +133,12 @@ class Pipeline:
             self.cond.wait_for(lambda: self.ready(jobs))
             return {j.path: self._released[j.path] for j in jobs if j.path in self._released}
 
-    def landed(self, jobs: list[Job]) -> tuple[dict[str, Built | None], set[str]]:
-        """Of ``jobs``, those out now, waiting until one is: the builds handed out, by path
-        (None: not built here), and the suspects (built again, and graded, at the end)."""
-        with self.cond:
-            self.cond.wait_for(lambda: any(j.path in self._released or j.path in self._suspects
-                                           for j in jobs))
-            return ({j.path: self._released[j.path] for j in jobs if j.path in self._released},
-                    {j.path for j in jobs if j.path in self._suspects})
+    def siblings(self, job: Job) -> list[Job]:
+        """The run's jobs built in ``job``'s folder (files of the same code share one: a
+        grader must not load it while another of them builds there)."""
+        folder = self._folders.get(job.path)
+        return [j for j in self._jobs.values() if folder is not None and
+                self._folders.get(j.path) == folder] or [job]
 
     def finish(self) -> None:
         """Wait for every build and a last check; then the pool's mark is dropped: grading

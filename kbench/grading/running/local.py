@@ -1,11 +1,10 @@
-"""This machine's device as an executor (kbench.grading.jobs): each submission graded as soon as
-its build is out of the host's build pipeline (kbench.grading.building.pipeline), or with the
-builds a slot's unit brings; each problem screened and its reference timed once, on this
-device, and held open while its submissions come (kbench.grading.running.open_problem)."""
+"""This machine's device as an executor (kbench.grading.jobs): every build first on the host's
+build pipeline (kbench.grading.building.pipeline), or the builds a slot's unit brings; each
+problem screened and its reference timed once on this device, and held open while its
+submissions come, in one unit or several (kbench.grading.running.open_problem)."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import time
@@ -61,6 +60,7 @@ class LocalExecutor:
         # Each problem met, by (task, name): held open (or closed, kept for a later
         # submission), or why it cannot be graded.
         self.problems: dict[tuple[str, str], OpenProblem | str] = {}
+        self.repairs = 0  # the pipeline's repairs seen so far (_after_repairs)
 
     def watch_store(self, presence: Presence) -> None:
         """The store's folder counts as shared with other kbench processes too."""
@@ -91,12 +91,13 @@ class LocalExecutor:
         """Grade ``jobs``. ``built``: what was built for them elsewhere (the driver's pipeline
         for a slot's unit, kbench.grading.running.slots; Ray build nodes, ray_tasks), and
         ``defer`` where a job goes whose grading saw kbench's files change beside those builds
-        (the driver grades it again at the end); without them, a pipeline here builds the jobs
-        as they are graded. ``close``: the jobs' problems are closed after them (else they
+        (the driver grades it again at the end); without them, a pipeline here builds every
+        job first. ``close``: the jobs' problems are closed after them (else they
         stay open for more of their submissions: ``finish`` closes them)."""
         self.watcher.for_run([job.task for job in jobs], [job.path for job in jobs])
         if built is not None:
             for job in jobs:
+                self._after_repairs()
                 self._one(job, built.get(job.path), sink, defer, None)
             if close:
                 self.finish(sink, {(job.task, job.problem) for job in jobs})
@@ -114,22 +115,31 @@ class LocalExecutor:
                 self.copy_gbps = self.copy_gbps or problem.copy_gbps
 
     def _with_pipeline(self, jobs: list[Job], sink: Sink) -> None:
-        """Each job graded as soon as its build is out (the pool's cores build, the timing
-        cores grade); where timing shares every core (the CPU device, a host too small to
-        split), every build first. A suspect of the pool's window is built again alone and
-        graded last, and so is a job deferred by its grading."""
+        """Every build first, on the pool's cores, then grading (on the timing cores): in one
+        process a grading window beside running builds could neither tell their writes from
+        its submission's nor keep its workers from loading what a build had just changed (a
+        problem file rewritten, a build of the same code in the folder they load from). With
+        several slots, grading goes beside the builds (kbench.grading.running.slots). A
+        suspect of the pool's window is built again alone and graded last, and so is a job
+        whose timing raised a flag while the host was disturbed."""
         ordered = [job for group in _groups(jobs).values() for job in group]
-        deferred: list[Job] = []  # timing flags raised on a disturbed host: timed again
+        deferred: list[Job] = []
         with Pipeline(self.options, self.toolchain, self.environment_problem, self.split,
                       self.say) as pipeline, _pinned(self.split.timing[0]):
             pipeline.start(ordered)
-            if self.options.timed and not self.split.split:
-                pipeline.finish()
-            self._as_built(ordered, sink, pipeline, deferred.append)
             pipeline.finish()
+            spawn.close_zygotes()  # what a zygote imported while builds ran is not relied on
+            built = pipeline.built()
+            for key, group in _groups(ordered).items():
+                ready = [job for job in group if job.path in built]  # suspects: at the end
+                for k, job in enumerate(ready):
+                    upcoming = next((j.submission() for j in ready[k + 1:k + 2]
+                                     if _runs(built[j.path])), None)
+                    self._one(job, built[job.path], sink, deferred.append, upcoming)
+                self.finish(sink, {key})
             suspects = pipeline.suspects()
             if suspects or deferred:
-                built = {**pipeline.built(), **(pipeline.settle() if suspects else {})}
+                built = {**built, **(pipeline.settle() if suspects else {})}
                 if deferred:
                     self.say(f"timing {len(deferred)} submission(s) again, alone: their "
                              "flags were raised while the host was disturbed")
@@ -137,31 +147,19 @@ class LocalExecutor:
                     self._one(job, built.get(job.path), sink, None, None)
                 self.finish(sink)
 
-    def _as_built(self, jobs: list[Job], sink: Sink, pipeline: Pipeline,
-                  defer: Callable[[Job], None]) -> None:
-        """``jobs`` in the order their builds come out of ``pipeline``: those of a problem
-        whose reference processes are up first, then those of the problems with the fewest
-        jobs left (they close sooner, their processes and memory given back); a problem
-        closes once its last job is graded. Suspects are left for the end."""
-        pending = list(jobs)
-        while pending:
-            released, suspects = pipeline.landed(pending)
-            left = collections.Counter((j.task, j.problem) for j in pending)
-            ready = sorted((j for j in pending if j.path in released or j.path in suspects),
-                           key=lambda j: (not self._is_open(j), left[(j.task, j.problem)]))
-            job = ready[0]
-            pending.remove(job)
-            if job.path in released:
-                upcoming = next((j.submission() for j in ready[1:] if _runs(released.get(j.path))),
-                                None)
-                self._one(job, released[job.path], sink, defer, upcoming)
-            key = (job.task, job.problem)
-            if not any((j.task, j.problem) == key for j in pending):
-                self.finish(sink, {key})
-
-    def _is_open(self, job: Job) -> bool:
-        problem = self.problems.get((job.task, job.problem))
-        return isinstance(problem, OpenProblem) and problem.is_open
+    def _after_repairs(self) -> None:
+        """Where the build pipeline beside this process (a slot's: the driver's) has put
+        kbench's files right since the last look, whatever was started meanwhile may have
+        loaded them changed: the zygotes, the spares, the open problems' reference processes
+        (timed again from new ones) go."""
+        repairs = self.watcher.builds.repairs()
+        if repairs != self.repairs:
+            self.repairs = repairs
+            spawn.drop_spares()
+            spawn.close_zygotes()
+            for problem in self.problems.values():
+                if isinstance(problem, OpenProblem):
+                    problem.reset()
 
     def _one(self, job: Job, built: Built | None, sink: Sink,
              defer: Callable[[Job], None] | None, upcoming: Submission | None) -> None:

@@ -121,6 +121,16 @@ class OpenProblem:
             self.pool, self.timed, self.graded = None, False, []
             ctx.forget()
 
+    def reset(self) -> None:
+        """Its processes ended and its reference to be timed again by new ones, without a
+        drift check: they may have loaded its files while a build had changed them."""
+        if self.pool is not None:
+            self.pool.__exit__(None, None, None)
+        if self.compiling is not None:
+            self.compiling.close()
+        self.pool, self.compiling, self.reference, self.timed = None, None, None, False
+        self.graded = []
+
     def _time_reference(self, sink: Sink) -> None:
         """The reference (and torch.compile of it) timed on every benchmark case, then the
         processes the submissions' timing will open started (they would disturb it)."""

@@ -255,7 +255,7 @@ class _Dispatch:
 
     def _next(self, slot: str) -> units.Unit | None:
         released = self.pipeline.built()
-        out = [j for j in self.pending if self.pipeline.ready([j])]
+        out = [j for j in self.pending if self.pipeline.ready(self.pipeline.siblings(j))]
         self.pending = [j for j in self.pending if j not in out or j.path in released]
         chosen = self._choose(slot, [j for j in out if j.path in released])
         if chosen is None:

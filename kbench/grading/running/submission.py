@@ -89,8 +89,9 @@ class Slot:
             result.kernelbench = RuleVerdict(verdict.status, verdict.reason)
         self._prestart()
         finding = changed()
-        if finding.lines:  # the next worker may have imported what was changed
+        if finding.lines:  # the next worker, and the zygote, may have imported what changed
             spawn.drop_spares()
+            spawn.close_zygotes()
         if can_defer and (self.deferred or finding.lines and finding.builds_beside):
             return None
         if finding.lines:
