@@ -26,6 +26,9 @@
 #                                       names one an earlier step filled; then where each
 #                                       submission's and each problem's seconds went
 #   bench/timed_batch.sh starts         what one worker's start costs (bench/worker_start.py)
+#   bench/timed_batch.sh serve [CLIENTS] the first FIRST level-1 samples sent to kbench serve
+#                                       by CLIENTS (8) clients, then kbench grade of them, each
+#                                       cold, --profile quick (bench/serve_batch.py)
 #
 # Each step stops itself within LIMIT_S (default 560) seconds and leaves its figures in $OUT;
 # FIRST (default 100) sets how many of the level-1 samples, in the leaderboard's order.
@@ -140,6 +143,14 @@ print('timing per timed submission: median', statistics.median(s['stage_s']['tim
 starts)
     python3 bench/worker_start.py --device cuda --json "$OUT/starts.json"
     ;;
+serve)
+    laid_out
+    rm -rf $W/serve
+    timeout "$(left 10)" python3 bench/serve_batch.py $W/subs --task $W/problems --out $W/serve \
+        --clients "${2:-8}" -- --profile quick 2>&1 | tee "$OUT/serve.txt"
+    cp $W/serve/serve_batch.json "$OUT/" 2>/dev/null
+    tail -5 $W/serve/serve.log > "$OUT/serve-tail.log" 2>/dev/null
+    ;;
 load)
     shift
     task=tasks/l2norm.yaml
@@ -166,7 +177,7 @@ yaml.safe_dump(t, open('$task', 'w'))" "$SIZES" || exit 1
     ;;
 *)
     echo "usage: $0 cold [resume] | kb | again NAME [beside] | compare A B | load GPU... |" \
-        "few PROBLEM... | bundled PROFILE [CACHE] | starts" >&2
+        "few PROBLEM... | bundled PROFILE [CACHE] | starts | serve [CLIENTS]" >&2
     exit 2
     ;;
 esac

@@ -227,14 +227,15 @@ class Sandbox:
         self.freezes += 1  # no request of another thread continues it meanwhile
         try:
             for _ in range(5):
-                new = [p for p in self._tree() + proctree.marked(self.marks, spawn.owned())
-                       + proctree.strays(self.started, spawn.owned()) if p.pid not in stopped]
+                with spawn.settled() as kbench_s:
+                    new = [p for p in self._tree() + proctree.marked(self.marks, kbench_s)
+                           + proctree.strays(self.started, kbench_s) if p.pid not in stopped]
+                    for proc in new:
+                        with contextlib.suppress(psutil.Error):
+                            proc.suspend()
+                            stopped[proc.pid] = proc
                 if not new:
                     break
-                for proc in new:
-                    with contextlib.suppress(psutil.Error):
-                        proc.suspend()
-                        stopped[proc.pid] = proc
             deadline = time.monotonic() + _STOP_WAIT_S
             while not all(proctree.stopped(pid) for pid in stopped) and \
                     time.monotonic() < deadline:
@@ -265,8 +266,10 @@ class Sandbox:
             self.proc.wait(timeout=_EXIT_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
-        if swept := proctree.sweep(self.marks, self.proc.pid, descendants=len(stray) > 1,
-                                   own=spawn.owned()):
+        with spawn.settled() as kbench_s:
+            swept = proctree.sweep(self.marks, self.proc.pid, descendants=len(stray) > 1,
+                                   own=kbench_s)
+        if swept:
             with contextlib.suppress(OSError), open(self.log_path, "a") as log:
                 log.write(f"\nkbench: killed what the worker left running after it: "
                           f"{', '.join(swept)}\n")

@@ -147,3 +147,28 @@ def test_the_reference_pool_starts_only_the_processes_timing_will_open(monkeypat
     started.clear()
     pool.prestart(fresh=False, eager=False)  # graph replays: no clock either
     assert started == []
+
+
+class _FailingClock:
+    """The reference's clock process: its empty passes never come (``skipped``: the size is
+    not timed there at all)."""
+
+    def __init__(self, skipped: str | None = None) -> None:
+        self.skips, self.failure, self.asked = [skipped], "worker killed by signal SIGKILL", 0
+
+    def empty_trips(self, index: int, calls: int, passes: int) -> list[float]:
+        self.asked += 1
+        return []
+
+
+def test_a_clock_without_kbench_s_empty_passes_is_kbench_s_failure_not_a_pass():
+    # The submission's own empty passes can be padded (tests/fixtures/cpu_timing): without
+    # kbench's, the clock would have nothing it can trust to subtract.
+    pool = SimpleNamespace(clock=_FailingClock())
+    with pytest.raises(Stop) as stopped:
+        alternating._empty_trips(pool, [], 0, 50, 3)
+    verdict = stopped.value.verdict
+    assert verdict.status is Status.INTERNAL_ERROR and "SIGKILL" in verdict.reason
+    assert pool.clock.asked == 2  # tried again in a new process first
+    skipped = SimpleNamespace(clock=_FailingClock("too large for the host"))
+    assert alternating._empty_trips(skipped, [], 0, 50, 3) == [] and skipped.clock.asked == 1

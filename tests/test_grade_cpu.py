@@ -258,7 +258,8 @@ def test_timed_calls_are_checked_and_bounded_by_kbench_s_own_clock(tmp_path, cac
     # (kbench's process times empty passes too, and the shortest counts).
     for cheat in (forged, padded):
         assert cheat["status"] == "flagged" and "kbench's own clock" in cheat["reason"], \
-            (cheat["reason"], cheat["benchmarks"])
+            (cheat["name"], cheat["reason"], cheat["benchmarks"][0]["candidate"],
+             cheat["timed_beside"])
     mine = honest["benchmarks"][0]["candidate"]
     assert 0 < mine["trusted_ms"] <= 1.5 * mine["ms"] + 1.0
     # Right whenever it was not timed; returns at once (uninitialised memory) when timed.

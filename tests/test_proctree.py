@@ -86,7 +86,8 @@ def test_frozen_leaves_kbench_s_own_children_running_and_stops_strays_whatever_t
                                   env={**sandbox.child_env({}), proctree.MARK: "another"})
         try:
             time.sleep(0.5)
-            assert [p.pid for p in proctree.strays(box.started, spawn.owned())] == [forged.pid]
+            with spawn.settled() as kbench_s:
+                assert [p.pid for p in proctree.strays(box.started, kbench_s)] == [forged.pid]
             with box.frozen():
                 assert not proctree.stopped(mine.pid) and proctree.stopped(forged.pid)
         finally:

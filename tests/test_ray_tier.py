@@ -55,8 +55,9 @@ def _subs(folder: Path, tags: list[str], fixtures: list[str]) -> Path:
 
 def _where(output: str) -> dict[str, str]:
     """Each build's node (the first 8 hex digits of its id), from the run's build lines."""
-    return {m[1]: m[2] for m in re.finditer(
-        r"^l2norm: (\S+) (?:built|not built|imported|did not import).* on \S+ \(node ([0-9a-f]{8})", output, re.M)}
+    line = (r"^l2norm: (\S+) (?:built|not built|imported|did not import).* "
+            r"on \S+ \(node ([0-9a-f]{8})")
+    return {m[1]: m[2] for m in re.finditer(line, output, re.M)}
 
 
 def _ray_grade(subs: Path, task: Path, out: Path, capsys) -> tuple[dict, str]:

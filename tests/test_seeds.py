@@ -16,9 +16,10 @@ def test_bundled_submissions_on_a_machine_without_gpu(tmp_path, cache_dir):
     # `kbench new`'s skeleton rides along: it must compile as generated.
     assert cli.main(["new", "l2norm", "skeleton", "--dir", str(tmp_path / "new")]) == 0
     # Verdicts only (timing on a CPU is the other tests' business), compiled although no GPU
-    # is here (--build-all), the seeds and one of kbench's own: each nvcc build is minutes.
+    # is here (--build-all): the seed that cannot build, and the skeleton, which builds as the
+    # other seeds do (each nvcc build is a minute or more here; the GPU tests build them all).
     bundled = ROOT / "kbench" / "submissions"
-    code, results = grade([*(str(bundled / f"l2norm_{v}.py") for v in ("v1", "v2", "v3")),
+    code, results = grade([str(bundled / "l2norm_v2.py"),
                            str(tmp_path / "new" / "l2norm_skeleton.py"), "--jobs", "2",
                            "--no-timing", "--build-all"], tmp_path, cache_dir)
     assert code == 0
@@ -27,10 +28,10 @@ def test_bundled_submissions_on_a_machine_without_gpu(tmp_path, cache_dir):
     assert v2["status"] == "build_error"
     assert "too much shared data" in v2["reason"] and v2["reason"].startswith("ptxas error")
     assert "ptxas error" in (tmp_path / "logs" / "l2norm_v2.build.log").read_text()
-    for name in ("l2norm_v1", "l2norm_v3", "l2norm_skeleton"):
-        assert subs[name]["status"] == "skipped", subs[name]["reason"]
-        assert "built with nvcc" in subs[name]["reason"]
-        assert "needs a CUDA device" in subs[name]["reason"]
+    skeleton = subs["l2norm_skeleton"]
+    assert skeleton["status"] == "skipped", skeleton["reason"]
+    assert "built with nvcc" in skeleton["reason"]
+    assert "needs a CUDA device" in skeleton["reason"]
     board = (tmp_path / "leaderboard.md").read_text()
     assert "No submission passed every correctness case." in board
     assert "| l2norm_v2 " in board and "build_error" in board

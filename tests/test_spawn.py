@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -112,6 +113,29 @@ def test_a_daemon_a_forked_worker_leaves_without_exec_is_stopped_and_killed(tmp_
     with pytest.raises(psutil.NoSuchProcess):
         daemon.wait(10)
         daemon.status()
+
+
+def test_a_sibling_forked_while_another_worker_is_swept_lives(tmp_path):
+    # Each forked worker shows the zygote's mark, as do the escapees of its siblings, which a
+    # sibling's kill sweeps: one forked meanwhile must not be taken for one of them.
+    env = sandbox.child_env({"KBENCH_TEST_VAR": "siblings"})
+    sub, ref = tmp_path / "sub.py", tmp_path / "ref.py"
+    sub.write_text("import torch\nclass ModelNew(torch.nn.Module):\n    pass\n")
+    ref.write_text(_REFERENCE)
+    swept = _forked(tmp_path, env)
+    swept.kill()
+    done = threading.Event()
+    sweeper = threading.Thread(target=lambda: [swept.kill() for _ in iter(done.is_set, True)])
+    sweeper.start()
+    try:
+        for i in range(12):
+            with _box(tmp_path / f"s{i}.log", env) as box:
+                assert isinstance(box.proc, spawn.Adopted)
+                _load(box, sub, ref)  # raises where it was killed
+    finally:
+        done.set()
+        sweeper.join()
+        swept.close()
 
 
 def test_plain_starts_where_the_zygote_is_turned_off(tmp_path, monkeypatch):

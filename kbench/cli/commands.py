@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kbench import __version__
-from kbench.cli import grade_command
+from kbench.cli.grade_args import cache_option, grade_parser, out_option, serve_parser
 from kbench.cli.grade_command import fail, render
-from kbench.grading.options import Profile, Rules, TimingMode, default
 from kbench.host import paths
 
 if TYPE_CHECKING:  # imported lazily at run time: `kbench --help` stays fast
@@ -43,94 +42,18 @@ def _parser() -> argparse.ArgumentParser:
                                      "replace PyTorch modules (KernelBench format).")
     parser.add_argument("--version", action="version", version=f"kbench {__version__}")
     sub = parser.add_subparsers(title="commands")
-    _grade_parser(sub)
+    grade_parser(sub)
+    serve_parser(sub)
     _results_parsers(sub)
     _machine_parsers(sub)
     return parser
-
-
-def _grade_parser(sub) -> None:
-    grade = sub.add_parser("grade", help="build, check, time and rank submissions")
-    grade.add_argument("paths", nargs="+", help="submission files, or folders of them (*.py)")
-    grade.add_argument("--task", help="a task (name, YAML or KernelBench problem file) or a "
-                       "folder of problems (default: the bundled tasks/, each submission "
-                       "matched by its name's prefix, e.g. l2norm_v1.py -> l2norm)")
-    grade.add_argument("--device", choices=["cpu", "cuda"],
-                       help="where to run (default: cuda when a GPU is visible, else cpu)")
-    _out_option(grade)
-    grade.add_argument("--build-jobs", "--jobs", type=int, dest="jobs",
-                       help="builds at a time, on one pool for the whole run (default: one per "
-                       "core not kept for timing: an extension's .cu file compiles in one "
-                       "serial nvcc chain, so a build keeps about one core busy)")
-    grade.add_argument("--seed", type=int, help="run seed; shapes and values follow from it "
-                       "(default: a fresh one, printed and recorded)")
-    grade.add_argument("--case", type=int, action="append", dest="cases", metavar="K",
-                       help="run only correctness case K (repeatable) and skip timing; "
-                       "with --seed this reproduces a reported failure")
-    _cache_option(grade)
-    grade.add_argument("--cuda-arch", help="TORCH_CUDA_ARCH_LIST for builds (default: the GPU's, "
-                       "else $TORCH_CUDA_ARCH_LIST, else 9.0)")
-    grade.add_argument("--timing", choices=[m.value for m in TimingMode],
-                       help="eager: one call per sample, launch overhead included; graph: "
-                       "CUDA-graph replays of many calls on rotating inputs, the kernels alone "
-                       f"(CUDA only). Default: {default('timing')}")
-    grade.add_argument("--no-timing", action="store_true", help="check correctness only")
-    grade.add_argument("--profile", choices=[p.value for p in Profile],
-                       help="full: every round and sample the task asks for, and the "
-                       "torch.compile baseline; quick: for screening thousands, fewer rounds, "
-                       f"samples and fresh processes, the same correctness. Default: "
-                       f"{default('profile')}")
-    grade.add_argument("--require-custom-kernels", action="store_true",
-                       help="flag a submission whose profiled GPU time is mostly torch's "
-                       "library kernels (ATen, cuBLAS, cuDNN), or that launched none of its "
-                       "own (CUDA only; the share is reported either way)")
-    grade.add_argument("--rules", choices=[r.value for r in Rules],
-                       help="whose correctness verdict ranks: kbench's (many sizes and draws, "
-                       "float64 truth, cheat checks) or KernelBench's (the problem's own sizes "
-                       "and get_inputs under its seeds, allclose, 5 trials; faster). "
-                       "KernelBench problem files get both verdicts either way. Default: "
-                       f"{default('rules')}")
-    grade.add_argument("--atol", type=float, help="absolute tolerance under KernelBench's "
-                       "rules (default: KernelBench's for the dtype: 1e-4 float32, 1e-2 "
-                       "16-bit; its v0 used 1e-2)")
-    grade.add_argument("--rtol", type=float, help="relative tolerance under KernelBench's "
-                       "rules (default: as --atol)")
-    grade.add_argument("--include-degenerate", action="store_true",
-                       help="count degenerate problems (output of rounding noise, constant, or "
-                       "independent of its inputs or weights: graded all the same) in fast_p "
-                       "and the geometric mean; by default they are counted apart")
-    grade.add_argument("--pch", action="store_true", help="build the C++ side of load_inline "
-                       "with kbench's own precompiled torch header (the same binaries, less "
-                       "compiler time where several submissions share flags; off by default "
-                       "until measured on real CUDA batches: docs/scaling.md)")
-    grade.add_argument("--leaderboard", action="store_true", help="print the whole "
-                       "leaderboard at the end (it is written to leaderboard.md in any case; "
-                       "printed anyway for several problems)")
-    grade.add_argument("--build-all", action="store_true", help="build also what cannot run "
-                       "on this device (CUDA code on a machine without a GPU), to find its "
-                       "build errors: it is skipped all the same (default: not built)")
-    grade.add_argument("--resume", action="store_true", help="finish the newest interrupted "
-                       "run of this task in --out: same seed and options, only what is missing")
-    grade.add_argument("--force", action="store_true", help="grade again even files whose "
-                       "result on this device and software is already stored")
-    grade.add_argument("--gpus", help="GPUs to grade on, one evaluation slot each, e.g. 0,3 "
-                       "(default: every visible GPU)")
-    grade.add_argument("--slots", type=int, default=1, help="evaluation slots with --device "
-                       "cpu (default: 1)")
-    grade.add_argument("--executor", choices=["local", "ray"], default="local",
-                       help="local: this host's slots (default); ray: a Ray cluster, each "
-                       "build a task on a node with CPUs (kbench_build nodes where any), each "
-                       "unit a task holding a GPU (or a CPU)")
-    grade.add_argument("--address", help="with --executor ray: the cluster's address (default: "
-                       "$RAY_ADDRESS, else a Ray instance started on this host)")
-    grade.set_defaults(handler=grade_command.grade)
 
 
 def _results_parsers(sub) -> None:
     """Commands that read the results store."""
     show = sub.add_parser("report", help="render leaderboard.md and results.json again from "
                           "the results store, without grading")
-    _out_option(show)
+    out_option(show)
     show.add_argument("--run", type=int, dest="run_id", help="run id (default: the newest)")
     show.set_defaults(handler=_report)
 
@@ -146,12 +69,12 @@ def _results_parsers(sub) -> None:
                          "differ more than one run's intervals say (default 3)")
     compare.add_argument("--launch-bound-floor", type=float, metavar="PCT", help="the same for "
                          "launch-bound sizes (default 10)")
-    _out_option(compare)
+    out_option(compare)
     compare.set_defaults(handler=_compare)
 
     history = sub.add_parser("history", help="a submission's stored results across runs")
     history.add_argument("name", help="submission name, e.g. l2norm_v3")
-    _out_option(history)
+    out_option(history)
     history.set_defaults(handler=_history)
 
 
@@ -162,7 +85,7 @@ def _machine_parsers(sub) -> None:
     check.add_argument("--device", choices=["cpu", "cuda"],
                        help="the device grading would use (default: cuda when visible)")
     check.add_argument("--cuda-arch", help="TORCH_CUDA_ARCH_LIST to check builds for")
-    _cache_option(check)
+    cache_option(check)
     check.add_argument("--quick", action="store_true", help="only the checks kbench grade runs "
                        "at its start (skips building a CUDA extension with load_inline)")
     check.set_defaults(handler=_doctor)
@@ -171,15 +94,15 @@ def _machine_parsers(sub) -> None:
                            "logs and build folders no kept run used")
     prune.add_argument("--keep", type=int, required=True, help="how many of the newest runs "
                        "to keep (runs being graded now are always kept)")
-    _out_option(prune)
-    _cache_option(prune)
+    out_option(prune)
+    cache_option(prune)
     prune.set_defaults(handler=_prune)
 
     listing = sub.add_parser("list", help="show the problems kbench sees and the bundled "
                              "submissions")
     listing.add_argument("--task", help="a task, problem file or folder of problems (default: "
                          "the bundled tasks/)")
-    _out_option(listing)
+    out_option(listing)
     listing.set_defaults(handler=_list)
 
     new = sub.add_parser("new", help="write a load_inline skeleton submission to fill in, "
@@ -193,16 +116,6 @@ def _machine_parsers(sub) -> None:
     new.add_argument("--cpu", action="store_true", help="C++ for the CPU instead of CUDA: "
                      "graded with --device cpu, on a machine without a GPU too")
     new.set_defaults(handler=_new)
-
-
-def _out_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path,
-                        help="report folder (default: the checkout's reports/)")
-
-
-def _cache_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cache-dir", type=Path, help="build cache (default: "
-                        "$KBENCH_CACHE_DIR or ~/.cache/kbench)")
 
 
 def _open_store(out: Path | None) -> tuple[Store, Path]:

@@ -17,6 +17,8 @@ from kbench import __version__
 from kbench.host import paths
 
 if TYPE_CHECKING:  # imported lazily at run time: `kbench --help` stays fast
+    from kbench.grader import Placement
+    from kbench.grading.options import Options
     from kbench.results.store import Store
 
 
@@ -102,22 +104,15 @@ def _plan(assigned: dict) -> list:
 
 def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
                 args: argparse.Namespace) -> int:
-    import torch
-
     from kbench import grader
     from kbench.cli.progress import Progress
-    from kbench.grading.options import Options, OptionsError
+    from kbench.grading.options import OptionsError
     from kbench.grading.running.driver import plan_digest
     from kbench.host import interrupt
     from kbench.problems.cases import CaseError
     from kbench.results.store import StoreError
 
-    asked = {"device": args.device, "case_indices": args.cases, "cuda_arch": args.cuda_arch,
-             "timing": args.timing, "untimed": args.no_timing, "profile": args.profile,
-             "require_custom_kernels": args.require_custom_kernels, "rules": args.rules,
-             "atol": args.atol, "rtol": args.rtol, "include_degenerate": args.include_degenerate,
-             "build_all": args.build_all}
-    settings = {k: v for k, v in asked.items() if v is not None}  # the rest: Options' defaults
+    settings = asked(args)
     seed, run_id = args.seed, None
     unfinished = store.unfinished_run(label)
     if args.resume:
@@ -134,17 +129,12 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
     elif unfinished is not None and not store.claimed(unfinished.id):
         print(f"note: run {unfinished.id} of {label} in {store.path} did not finish; "
               "`kbench grade ... --resume` continues it", flush=True)
-    device = settings.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        return fail("--device cuda: no CUDA device is visible to torch here")
     seed = seed if seed is not None else secrets.randbits(31)
     try:
-        options = Options.from_dict({
-            **settings, "device": device, "out_dir": out_dir, "jobs": args.jobs, "seed": seed,
-            "cache_dir": (args.cache_dir or paths.default_cache_dir()).resolve(),
-            "pch": args.pch})
+        options = options_for(args, settings, seed, out_dir)
     except OptionsError as exc:
         return fail(str(exc))
+    device = options.device.value
     resuming = f", resuming run {run_id}" if run_id else ""
     count = sum(len(e.submissions) for e in plan)
     timing = f"{options.timing.value}, profile {options.profile.value}" if options.timed \
@@ -155,9 +145,7 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
     try:
         run_id = grader.grade(label, plan, options, store, run_id=run_id, force=args.force,
                               on_result=progress.result, say=progress.say,
-                              placement=grader.Placement(
-                                  args.executor, args.gpus.split(",") if args.gpus else None,
-                                  args.slots, args.address))
+                              placement=placement(args))
     except (StoreError, CaseError, OptionsError) as exc:
         return fail(str(exc))
     finally:
@@ -171,15 +159,49 @@ def _grade_into(store: Store, label: str, plan: list, out_dir: Path,
         return 128 + stopped.signum
 
 
+def asked(args: argparse.Namespace) -> dict:
+    """The grading settings the command line gave (the rest: Options' defaults)."""
+    given = {"device": args.device, "case_indices": getattr(args, "cases", None),
+             "cuda_arch": args.cuda_arch, "timing": args.timing, "untimed": args.no_timing,
+             "profile": args.profile, "require_custom_kernels": args.require_custom_kernels,
+             "rules": args.rules, "atol": args.atol, "rtol": args.rtol,
+             "include_degenerate": getattr(args, "include_degenerate", False),
+             "build_all": args.build_all}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def options_for(args: argparse.Namespace, settings: dict, seed: int, out_dir: Path
+                ) -> Options:
+    """The run's options (OptionsError for what cannot be, a CUDA device that is not here
+    among them)."""
+    import torch
+
+    from kbench.grading.options import Options, OptionsError
+
+    device = settings.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise OptionsError("--device cuda: no CUDA device is visible to torch here")
+    return Options.from_dict({
+        **settings, "device": device, "out_dir": out_dir, "jobs": args.jobs, "seed": seed,
+        "cache_dir": (args.cache_dir or paths.default_cache_dir()).resolve(), "pch": args.pch})
+
+
+def placement(args: argparse.Namespace) -> Placement:
+    from kbench.grader import Placement
+
+    return Placement(args.executor, args.gpus.split(",") if args.gpus else None, args.slots,
+                     args.address)
+
+
 def render(store: Store, run_id: int, out_dir: Path, logs: bool = False,
            full: bool = True) -> int:
     """Write the run's reports; print the whole leaderboard (``full``, or a run of several
     problems), else a line per submission."""
-    from kbench.reports import markdown, report_folder
+    from kbench.grader import write_reports
+    from kbench.reports import markdown
 
+    write_reports(store, run_id, out_dir)
     run = store.load_run(run_id)
-    histories = {sub.name: store.history(sub.name) for sub in run.submissions}
-    report_folder.write(run, out_dir, histories)
     print()
     if full or len(run.problems) > 1:
         print(markdown.leaderboard(run))

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -47,6 +48,7 @@ _ANSWER_S = 30.0
 _EXIT_GRACE_S = 10.0
 
 _OWN: set[int] = set()  # the processes kbench started itself: workers, zygotes, slots
+_FORKING = threading.RLock()  # held from a fork's request until its worker is in _OWN
 
 
 def own(pid: int) -> None:
@@ -54,8 +56,14 @@ def own(pid: int) -> None:
     _OWN.add(pid)
 
 
-def owned() -> set[int]:
-    return _OWN
+@contextlib.contextmanager
+def settled() -> Iterator[set[int]]:
+    """kbench's own processes, with no worker being forked meanwhile. A forked worker is
+    adopted here, showing its zygote's mark, before its pid reaches kbench: a sweep of a
+    sibling's escapees (which show that mark too) in those milliseconds killed it (a bundled
+    problem's build crashed with SIGKILL under --jobs 2)."""
+    with _FORKING:
+        yield _OWN
 
 
 class Adopted:
@@ -109,8 +117,11 @@ class Started:
         full = {**env, proctree.MARK: self.mark, proctree.OWNER: proctree.owner_token()}
         zygote = _zygote(env)
         self.forked_from = zygote.mark if zygote is not None else None
-        pid = zygote.fork(self.log_path, self.scratch, full, device, child_end, cpus) \
-            if zygote is not None else None
+        with _FORKING:
+            pid = zygote.fork(self.log_path, self.scratch, full, device, child_end, cpus) \
+                if zygote is not None else None
+            if pid is not None:
+                own(pid)
         if pid is not None:
             self.proc: subprocess.Popen | Adopted = Adopted(pid)
         else:
@@ -142,7 +153,8 @@ class Started:
         interrupt.drop_session(self.proc.pid)  # before it is reaped, as in Sandbox.kill
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=_EXIT_GRACE_S)
-        proctree.sweep(self.marks, self.proc.pid, descendants=True, own=_OWN)
+        with settled() as kbench_s:
+            proctree.sweep(self.marks, self.proc.pid, descendants=True, own=kbench_s)
         self.conn.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
         self.log_path.unlink(missing_ok=True)

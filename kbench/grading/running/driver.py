@@ -37,7 +37,7 @@ class Entry:
 Plan = list[Entry]
 
 
-class _StoreSink:
+class StoreSink:
     """Results and problems into the store, each result passed on to ``report``."""
 
     def __init__(self, store: Store, run_id: int, report: Callable[[SubmissionResult], None]
@@ -71,28 +71,17 @@ def grade(label: str, plan: Plan, options: Options, executor: Executor, store: S
     the submissions this call grades. Returns the run's id. Raises StoreError if another
     kbench process is grading ``run_id``, and Interrupted (its ``run_id`` set) when kbench is
     told to stop: the run stays unfinished, for ``--resume``."""
-    if swept := proctree.sweep_abandoned():
-        say(f"killed {len(swept)} process(es) that kbench runs since ended had left running")
-    env = executor.environment()
-    fingerprint = environment.fingerprint(env)
-    if run_id is None:
-        run_id = store.start_run(
-            kbench_version=__version__, task=label, task_hash=plan_digest(plan),
-            seed=options.seed, device=options.device.value, fingerprint=fingerprint,
-            options=options.resumable(), environment=env)
+    run_id, fingerprint = begin(label, plan_digest(plan), options, executor, store, run_id, say)
     try:
-        store.claim(run_id)
-        store.set_problems(run_id, env["problems"])  # a resume says what it saw
-        remove_stale_logs(options.out_dir / "logs")
         graded = store.graded_names(run_id)
         left = [(e, sub) for e in plan for sub in e.submissions if sub.name not in graded]
         if graded:
             say(f"run {run_id} has {len(graded)} result(s) stored; "
                 f"grading the other {len(left)}")
         done = iter(range(1, len(left) + 1))
-        sink = _StoreSink(store, run_id,
-                          lambda result: on_result(result, next(done), len(left)))
-        todo = _reuse(left, options, store, fingerprint, force, sink)
+        sink = StoreSink(store, run_id,
+                         lambda result: on_result(result, next(done), len(left)))
+        todo = reuse(left, options, store, fingerprint, force, sink)
         if todo:
             executor.run(todo, sink)
         interrupt.check()
@@ -105,8 +94,31 @@ def grade(label: str, plan: Plan, options: Options, executor: Executor, store: S
     return run_id
 
 
-def _reuse(left: list[tuple[Entry, Submission]], options: Options, store: Store,
-           fingerprint: str, force: bool, sink: _StoreSink) -> list[Job]:
+def begin(label: str, digest: str, options: Options, executor: Executor, store: Store,
+          run_id: int | None = None, say: Callable[[str], None] = print) -> tuple[int, str]:
+    """A run started (``label``, its problems' ``digest``) or ``run_id`` taken up again, and
+    claimed by this process: its id and the machine's fingerprint."""
+    if swept := proctree.sweep_abandoned():
+        say(f"killed {len(swept)} process(es) that kbench runs since ended had left running")
+    env = executor.environment()
+    fingerprint = environment.fingerprint(env)
+    if run_id is None:
+        run_id = store.start_run(
+            kbench_version=__version__, task=label, task_hash=digest, seed=options.seed,
+            device=options.device.value, fingerprint=fingerprint,
+            options=options.resumable(), environment=env)
+    try:
+        store.claim(run_id)
+        store.set_problems(run_id, env["problems"])  # a resume says what it saw
+        remove_stale_logs(options.out_dir / "logs")
+    except interrupt.Interrupted as stopped:
+        stopped.run_id = run_id
+        raise
+    return run_id, fingerprint
+
+
+def reuse(left: list[tuple[Entry, Submission]], options: Options, store: Store,
+          fingerprint: str, force: bool, sink: StoreSink) -> list[Job]:
     """Each stored result of an unchanged file under the same conditions into ``sink``; the
     jobs of the others, to grade."""
     todo = []

@@ -102,7 +102,7 @@ class LocalExecutor:
             if close:
                 self.finish(sink, {(job.task, job.problem) for job in jobs})
         else:
-            self._with_pipeline(jobs, sink)
+            self._with_pipeline(jobs, sink, close)
         if (note := self.watcher.unwatched_note()) and self.note_unwatched:
             self.say(f"note: {note}")
             self.notes.append(note)
@@ -114,7 +114,7 @@ class LocalExecutor:
                 problem.close(sink)
                 self.copy_gbps = self.copy_gbps or problem.copy_gbps
 
-    def _with_pipeline(self, jobs: list[Job], sink: Sink) -> None:
+    def _with_pipeline(self, jobs: list[Job], sink: Sink, close: bool) -> None:
         """Every build first, on the pool's cores, then grading (on the timing cores): in one
         process a grading window beside running builds could neither tell their writes from
         its submission's nor keep its workers from loading what a build had just changed (a
@@ -136,7 +136,8 @@ class LocalExecutor:
                     upcoming = next((j.submission() for j in ready[k + 1:k + 2]
                                      if _runs(built[j.path])), None)
                     self._one(job, built[job.path], sink, deferred.append, upcoming)
-                self.finish(sink, {key})
+                if close:
+                    self.finish(sink, {key})
             suspects = pipeline.suspects()
             if suspects or deferred:
                 built = {**built, **(pipeline.settle() if suspects else {})}
@@ -145,7 +146,8 @@ class LocalExecutor:
                              "flags were raised while the host was disturbed")
                 for job in suspects + deferred:
                     self._one(job, built.get(job.path), sink, None, None)
-                self.finish(sink)
+                if close:
+                    self.finish(sink)
 
     def _after_repairs(self) -> None:
         """Where the build pipeline beside this process (a slot's: the driver's) has put

@@ -146,10 +146,15 @@ class SlotsExecutor:
         events into ``outbox``, then None."""
         process: subprocess.Popen | None = None
         try:
-            while (taken := work.get(slot.name)) is not None:
-                unit, tries = taken
+            while True:
                 if process is None or process.poll() is not None:
+                    # Before the next unit is taken: taking it marks its problem held here.
                     work.forget(slot.name)  # a new process holds no problem open
+                    process = None
+                if (taken := work.get(slot.name)) is None:
+                    break
+                unit, tries = taken
+                if process is None:
                     try:
                         process = _start(slot, cpus)
                     except OSError as exc:  # this slot cannot run: its unit goes back

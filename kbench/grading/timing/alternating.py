@@ -9,7 +9,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from kbench.grading.channel import Channel
+from kbench.grading.channel import Channel, Stop
 from kbench.grading.checking import kernelbench_rules as kb_rules
 from kbench.grading.context import Context
 from kbench.grading.options import TimingMode
@@ -17,6 +17,7 @@ from kbench.grading.timing import integrity, kernelbench_timing, measurement
 from kbench.grading.timing.disturbance import Judge
 from kbench.grading.timing.reference_pool import ReferencePool, ReferenceWorker
 from kbench.results.run_record import Benchmark, SubmissionResult
+from kbench.results.verdict import Status, Verdict
 from kbench.shared.protocol import Samples
 
 # rounds -> new processes of the submission for rounds 1 to rounds - 1, each loaded
@@ -116,9 +117,16 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
 def _empty_trips(pool: ReferencePool, processes: list[Channel], index: int, calls: int,
                  passes: int) -> list[float]:
     """Empty clocked passes timed in the reference's clock process while the submission's
-    processes are stopped: nothing of the submission can slow them."""
-    with _all_frozen(processes):
-        return pool.clock.empty_trips(index, calls, passes)
+    processes are stopped: nothing of the submission can slow them. Where that process
+    fails, once more in a new one; then kbench's own failure: the clock would otherwise
+    subtract the submission's own empty passes, which it can pad."""
+    for _ in range(2):
+        with _all_frozen(processes):
+            trips = pool.clock.empty_trips(index, calls, passes)
+        if trips or pool.clock.skips[index] is not None:  # skipped: no speedup to trust
+            return trips
+    raise Stop(Verdict(Status.INTERNAL_ERROR, "kbench's clock: its empty passes could not be "
+                       f"timed in the reference's process ({pool.clock.failure or 'no reason'})"))
 
 
 @contextlib.contextmanager

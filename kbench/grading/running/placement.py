@@ -1,0 +1,45 @@
+"""Where a run's jobs go: this process's device, every GPU of the host (slots) or a Ray
+cluster; not part of the results (verdicts do not depend on it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kbench.grading.jobs import Executor
+from kbench.grading.options import Device, Options, OptionsError
+from kbench.grading.running.local import LocalExecutor
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a run's jobs go: not part of its results (verdicts do not depend on it)."""
+
+    executor: str = "local"  # local | ray
+    gpus: list[str] | None = None  # --gpus; None: every visible GPU
+    cpu_slots: int = 1  # --slots, with --device cpu
+    address: str | None = None  # --address, with ray
+
+
+def executor_for(options: Options, placement: Placement, say: Callable[[str], None]
+                 ) -> Executor:
+    """The executor a placement asks for; OptionsError names what cannot be."""
+    if placement.cpu_slots < 1:
+        raise OptionsError(f"--slots {placement.cpu_slots}: expected at least 1")
+    several = placement.executor == "ray" or placement.cpu_slots > 1
+    if options.device is Device.CPU and several and options.timed:
+        # One slot's timing (and kbench's own clock checking it) would run beside another's
+        # work on the same cores: a verdict would depend on what ran alongside.
+        raise OptionsError("several CPU slots share the host's cores, so their timings would "
+                           "disturb each other: add --no-timing, or grade on one slot")
+    if placement.executor == "ray":
+        from kbench.grading.running.cluster import RayExecutor
+
+        return RayExecutor(options, placement.address, say,
+                           placement.cpu_slots if options.device is Device.CPU else None)
+    from kbench.grading.running import slots
+
+    chosen = slots.specs(options.device, placement.gpus, placement.cpu_slots)
+    if len(chosen) == 1 and (options.device is Device.CPU or placement.gpus is None):
+        return LocalExecutor(options, say)  # in this process: no slot process to start
+    return slots.SlotsExecutor(options, chosen, say)
