@@ -214,3 +214,39 @@ def test_each_width_in_a_list_of_sizes_varies_and_shrinks_on_a_cpu(tmp_path):
     assert shrunk["widths[1]"] < 8192 and shrunk["widths[0]"] < 4096
     cases = plan_cases(task, run_seed=5, device="cpu")
     assert len({c.params["widths[1]"] for c in cases}) > 1
+
+
+_SIZED = '''import torch
+{sizes}
+
+def get_inputs():
+    return [torch.randn(batch_size, {width})]
+
+def get_init_inputs():
+    return [{width}]
+'''
+
+
+def test_each_problem_module_gets_its_own_sizes_when_another_was_freed(tmp_path):
+    # Two problems loaded in turn, each freed before the next: the second must never be read
+    # with the first's layout (keyed by id(), a freed module's id came back; in CI a problem
+    # was asked for a size only the other one defines).
+    import gc
+    import sys
+
+    from kbench.shared import inputs
+
+    files = {}
+    for name, sizes, width in (("a", "batch_size = 4\nin_features = 8", "in_features"),
+                               ("b", "batch_size = 4\nfeatures = 8", "features")):
+        files[name] = tmp_path / f"{name}.py"
+        files[name].write_text(_SIZED.format(sizes=sizes, width=width))
+    expected = {"a": ["batch_size", "in_features"], "b": ["batch_size", "features"]}
+    for k in range(20):
+        for name, path in files.items():
+            module = inputs.load_file(path, f"kbench_test_sized_{k}_{name}")
+            sys.modules.pop(module.__name__)
+            assert inputs.size_names(module) == expected[name], (k, name)
+            assert inputs.own_sizes(module) == {n: getattr(module, n) for n in expected[name]}
+            del module
+            gc.collect()

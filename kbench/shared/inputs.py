@@ -15,6 +15,7 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -135,14 +136,16 @@ def _globals_read(code: types.CodeType) -> set[str]:
     return names
 
 
-_layouts: dict[int, _Layout] = {}
+# By the module itself, held weakly: keyed by id(), a problem loaded after another's module was
+# freed could get that module's id, and its sizes (a size the file does not define, at load).
+_layouts: weakref.WeakKeyDictionary[ModuleType, _Layout] = weakref.WeakKeyDictionary()
 
 
 def _layout(module: ModuleType) -> _Layout:
-    key = id(module)
-    if key not in _layouts:
-        _layouts[key] = _Layout(module)
-    return _layouts[key]
+    layout = _layouts.get(module)
+    if layout is None:
+        layout = _layouts[module] = _Layout(module)
+    return layout
 
 
 def size_names(module: ModuleType) -> list[str]:
