@@ -174,8 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--cache-dir", type=Path, help="one build cache for both tools")
-    parser.add_argument("options", nargs="*", help="options for both tools (after --)")
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    args.options = argv[cut + 1:]  # for both tools
     args.out.mkdir(parents=True, exist_ok=True)
     _, problems = find_problems(args.task)
     assigned, unmatched = assign(find_files([str(args.subs)]), problems, [str(args.subs)],
