@@ -93,7 +93,6 @@ class Limits:
     source_bytes: int = 256 * 1024  # a candidate's source, UTF-8
     per_client: int = 64  # candidates one client may have waiting
     batch: int = 16  # candidates built and graded together (their builds run side by side)
-    open_problems: int = 4  # problems held open at once (their reference processes kept)
 
 
 class Session:
@@ -211,7 +210,6 @@ class Session:
             return
         self._ready.set()
         self.sink = _TicketSink(self.store, self.run_id, self.tickets)
-        self.recent: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
         try:
             while batch := self.queue.take(self.limits.batch):
                 self._grade(batch)
@@ -282,17 +280,11 @@ class Session:
 
     def _run(self, todo: list[Job]) -> None:
         """The jobs on the executor; one device keeps their problems open between batches
-        (the ``open_problems`` most recently used)."""
-        if not isinstance(self.executor, LocalExecutor):
+        (the executor closes the least recently used beyond a few)."""
+        if isinstance(self.executor, LocalExecutor):
+            self.executor.run(todo, self.sink, close=False)
+        else:
             self.executor.run(todo, self.sink)
-            return
-        self.executor.run(todo, self.sink, close=False)
-        for job in todo:
-            self.recent[(job.task, job.problem)] = None
-            self.recent.move_to_end((job.task, job.problem))
-        while len(self.recent) > self.limits.open_problems:
-            key, _ = self.recent.popitem(last=False)
-            self.executor.finish(self.sink, {key})
 
     def _task(self, problem: Problem) -> Task | None:
         """The problem's task, loaded once; None where it cannot be (the executor then says
