@@ -25,6 +25,12 @@
 #                                       $W/bundled-PROFILE; an empty build cache unless CACHE
 #                                       names one an earlier step filled; then where each
 #                                       submission's and each problem's seconds went
+#   bench/timed_batch.sh base PROFILE [CACHE]
+#                                       the same by an older tree, carried as .base (here:
+#                                       mkdir .base && git archive REV kbench tasks | tar -x
+#                                       -C .base), on CACHE's builds (default: bundled-PROFILE's),
+#                                       into $W/base-PROFILE; then kbench compare of that run
+#                                       and this tree's bundled-PROFILE
 #   bench/timed_batch.sh starts         what one worker's start costs (bench/worker_start.py)
 #   bench/timed_batch.sh serve [CLIENTS] the first FIRST level-1 samples sent to kbench serve
 #                                       by CLIENTS (8) clients, then kbench grade of them, each
@@ -140,6 +146,17 @@ print('timing per timed submission: median', statistics.median(s['stage_s']['tim
       'mean', round(statistics.fmean(s['stage_s']['timing'] for s in timed), 2), 'of', len(timed))" \
         "$OUT/bundled-$profile.json"
     ;;
+base)
+    profile=${2:-quick} cache=$W/cache-${3:-bundled-$2}
+    rm -rf $W/base-$profile
+    (cd .base && PYTHONPATH=$PWD:${PYTHONPATH:-} timeout "$(left 15)" python3 -m kbench grade \
+        kbench/submissions/ --profile "$profile" --cache-dir "$cache" --out $W/base-$profile) \
+        2>&1 | stamped > "$OUT/base-$profile.log"
+    grep -v "^ *[0-9.]* |" "$OUT/base-$profile.log" | tail -25
+    cp $W/base-$profile/results.json "$OUT/base-$profile.json" || exit 1
+    python3 -m kbench compare $W/base-$profile/results.json $W/bundled-$profile/results.json \
+        2>&1 | tee "$OUT/compare-base-$profile.txt" | tail -40
+    ;;
 starts)
     python3 bench/worker_start.py --device cuda --json "$OUT/starts.json"
     ;;
@@ -177,7 +194,8 @@ yaml.safe_dump(t, open('$task', 'w'))" "$SIZES" || exit 1
     ;;
 *)
     echo "usage: $0 cold [resume] | kb | again NAME [beside] | compare A B | load GPU... |" \
-        "few PROBLEM... | bundled PROFILE [CACHE] | starts | serve [CLIENTS]" >&2
+        "few PROBLEM... | bundled PROFILE [CACHE] | base PROFILE [CACHE] | starts |" \
+        "serve [CLIENTS]" >&2
     exit 2
     ;;
 esac

@@ -30,7 +30,7 @@ def grade(label: str, plan: driver.Plan, options: Options, store: Store,
     """Grade each problem's submissions into ``store`` as run ``label``; returns the run's id.
     Raises CaseError for a ``--case`` the plan does not have, StoreError for a run another
     process grades, OptionsError for a placement that cannot be."""
-    executor = executor_for(options, placement or Placement(), say)
+    executor = executor_for(options, placement or Placement(), say, beside_builds=True)
     executor.watch_store(store.presence)
     return driver.grade(label, plan, options, executor, store, run_id, force, on_result, say)
 

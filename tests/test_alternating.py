@@ -70,21 +70,23 @@ def _time(monkeypatch, processes: list[_Process], fail_round: int | None = None)
     main = _Process("main", events)
     processes.append(main)
 
-    def open_rounds(rounds: int) -> list[_Process]:
+    def open_rounds(rounds: int, warms: list) -> list[_Process]:
         assert not [e for e in events[1:] if e[0] == "round"]  # before the first round
         new = [_Process(f"round{r + 1}", events, fail=r == fail_round) for r in range(1, rounds)]
         processes.extend(new)
-        events.append(("opened", rounds))
+        events.append(("opened", rounds, [w for _, w in warms]))
         return new
 
     ctx = SimpleNamespace(
         options=SimpleNamespace(timing=TimingMode.EAGER, rigour=QUICK),
         task=SimpleNamespace(timing={"cuda": SimpleNamespace(fresh_rounds_below_ms=0.1)}),
-        device=SimpleNamespace(type="cuda"), traffic=lambda params: None)
+        device=SimpleNamespace(type="cuda"), traffic=lambda params: None,
+        warm_request=lambda params: f"warm-up at n={params['n']}")
     reference = [Benchmark(params={"n": n}, dtype="float32",
                            reference=SimpleNamespace(ms=ms)) for n, ms in ((1, 0.01), (2, 5.0))]
-    def ready(fresh: bool, eager: bool) -> None:
-        events.append(("ready", fresh, eager, {p.name: p.is_frozen for p in _open(events)}))
+    def ready(warms: list, eager: bool) -> None:
+        events.append(("ready", [w for _, w in warms], eager,
+                        {p.name: p.is_frozen for p in _open(events)}))
 
     pool = SimpleNamespace(main=_Reference(events, 0),
                            rounds=[_Reference(events, r) for r in range(QUICK.fresh_rounds)],
@@ -100,18 +102,22 @@ def test_launch_bound_rounds_open_their_processes_at_once_and_stop_all_for_the_r
     processes: list[_Process] = []
     events = _time(monkeypatch, processes)
     # The reference's processes for the fresh rounds and the clock open first, the
-    # submission stopped meanwhile; then the submission's round processes, all at once.
-    assert events[:2] == [("ready", True, True, {"main": True}), ("opened", QUICK.fresh_rounds)]
-    # Every process of the submission is stopped while the reference runs; a round's
-    # process ends once its round is done.
+    # submission stopped meanwhile; then the submission's round processes, all at once; both
+    # warmed up on the launch-bound case (n=1) as they open.
+    warmed = ["warm-up at n=1"]
+    assert events[:2] == [("ready", warmed, True, {"main": True}),
+                          ("opened", QUICK.fresh_rounds, warmed)]
+    # Every process of the submission, those whose round is done too, is stopped while the
+    # reference runs; the round processes end together after the last launch-bound round.
     for _, *rest, states in (e for e in events if e[0] == "reference"):
         assert all(states.values()), rest
     fresh = [(e[0], e[1]) for e in events[2:] if len(e) < 3 or e[2] == 1]
-    assert fresh == [("reference", 0), ("round", "main"),
-                     ("reference", 1), ("round", "round2"), ("close", "round2"),
-                     ("reference", 2), ("round", "round3"), ("close", "round3")]
-    # The case that is not launch-bound: its rounds in the submission's own process.
-    assert [(e[0], e[1]) for e in events if len(e) > 2 and e[2] == 2] == \
+    assert fresh[:6] == [("reference", 0), ("round", "main"), ("reference", 1),
+                         ("round", "round2"), ("reference", 2), ("round", "round3")]
+    assert sorted(fresh[6:]) == [("close", "round2"), ("close", "round3")]
+    # The case that is not launch-bound: its rounds in the submission's own process, once the
+    # round processes are gone.
+    assert [(e[0], e[1]) for e in events[8 + 2:]] == \
         [("reference", 0), ("round", "main")] * QUICK.rounds
     assert all(p.closed for p in processes[1:]) and not processes[0].closed
 
@@ -172,3 +178,25 @@ def test_a_clock_without_kbench_s_empty_passes_is_kbench_s_failure_not_a_pass():
     assert pool.clock.asked == 2  # tried again in a new process first
     skipped = SimpleNamespace(clock=_FailingClock("too large for the host"))
     assert alternating._empty_trips(skipped, [], 0, 50, 3) == [] and skipped.clock.asked == 1
+
+
+def test_each_round_stops_at_the_target_times_the_root_of_the_rounds():
+    # A figure is the median over all its rounds' samples: each of n rounds holding its own
+    # interval to the whole target took every launch-bound round to its budget.
+    import math
+
+    import torch
+
+    from kbench.grading.context import Context
+    from kbench.problems.load import load_task
+
+    task = load_task("l2norm", "l2norm")
+    for profile in (Profile.FULL, Profile.QUICK):
+        ctx = SimpleNamespace(task=task, device=torch.device("cuda"), options=SimpleNamespace(
+            rigour=RIGOUR[profile], timing=TimingMode.EAGER))
+        one, fresh = Context.timing(ctx, 1), Context.timing(ctx, RIGOUR[profile].fresh_rounds)
+        rounds = RIGOUR[profile].fresh_rounds
+        assert fresh.target_ci == pytest.approx(one.target_ci * math.sqrt(rounds))
+        assert fresh.budget_ms == pytest.approx(one.budget_ms / rounds)
+        assert one.target_ci == pytest.approx(task.timing["cuda"].target_ci
+                                              * RIGOUR[profile].target_ci)

@@ -143,6 +143,31 @@ def test_no_speedup_over_the_start_of_run_reference_when_none_ran_alongside():
     assert result.speedup is None and result.speedup_ci is None
 
 
+def test_on_a_loaded_host_the_interval_covers_each_side_s_fastest_over_the_other_s_median():
+    from dataclasses import replace
+
+    from kbench.reports.summary import inconclusive
+
+    # Seen on a 2-core machine at load average 7: a copy of the reference's own expression,
+    # 0.453x (0.362-0.588) on its medians, the two sides' fastest calls 1.80 and 1.84 ms.
+    def timed(ms: float, fastest: float) -> Measurement:
+        return replace(m(ms, 0.12), fastest_ms=fastest)
+
+    def graded(loaded: bool) -> SubmissionResult:
+        result = SubmissionResult("s", "s.py", "0", Status.OK, benchmarks=[Benchmark(
+            {"batch": 1, "dim": 1}, "float32", candidate=timed(7.7, 1.80),
+            reference=timed(3.49, 1.84))])
+        measurement.add_speedups(result, [Benchmark({"batch": 1, "dim": 1}, "float32")], loaded)
+        return result
+
+    quiet, loaded = graded(False), graded(True)
+    assert quiet.speedup == loaded.speedup == pytest.approx(0.453, abs=0.001)
+    assert quiet.speedup_ci[1] < 1 and not inconclusive(quiet)  # a confident wrong figure
+    low, high = loaded.speedup_ci
+    assert low == pytest.approx(1.84 / 7.7) and high == pytest.approx(3.49 / 1.80)
+    assert low < 1 < high and inconclusive(loaded)  # "not measurable here"
+
+
 def test_a_missed_persisting_l2_reset_is_kept():
     assert measurement.summarise([samples([1.0])], None).l2_reset  # CPU: not applicable
     missed = samples([1.0], persisting_l2_reset=False)

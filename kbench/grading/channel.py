@@ -113,6 +113,15 @@ class Channel:
         return answer.samples
 
 
+    def warm(self, params: Params, request: protocol.Warm) -> None:
+        """The first round's warm-up of case ``params`` done now, ahead (``request``: made
+        by Context.warm_request on the trusted side's thread), while nothing is timed beside
+        it: the round then takes the short warm-up of a process that has timed the case."""
+        case = params_text(params)
+        self.call(request, self.ctx.task.limits.benchmark_s, f"benchmark {case} (warm-up)")
+        self.timed.add(case)
+
+
 class Ahead:
     """A worker readied ahead of its turn: started here (its pid known at once, so that it can
     be frozen), on the spare cores (kbench.grading.context.Spare), and readied by

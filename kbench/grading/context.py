@@ -22,7 +22,7 @@ from kbench.problems.discovery import Submission
 from kbench.problems.task import Params, Task, Tolerance
 from kbench.shared import inputs
 from kbench.shared.outputs import flatten
-from kbench.shared.protocol import ModelSpec, TimingSettings
+from kbench.shared.protocol import ModelSpec, TimingSettings, Warm
 
 Say = Callable[[str], None]
 
@@ -210,15 +210,26 @@ class Context:
 
     def timing(self, rounds: int, again: bool = False) -> TimingSettings:
         """The task's stopwatch settings for one of ``rounds`` turns, under the profile;
-        ``again``: the process has timed this case before (see _AGAIN_WARMUP)."""
+        ``again``: the process has timed this case before (see _AGAIN_WARMUP). A turn takes
+        its share of the samples and the time, and stops once its own interval is within
+        the target times the square root of ``rounds``: the median over all turns' samples,
+        which the figure is, then has about the target's (each turn held to the whole
+        target, the launch-bound sizes' eight turns a side took their whole budget)."""
         t, rigour = self.task.timing[self.device.type], self.options.rigour
         share = rigour.share / rounds
         return TimingSettings(warmup_ms=t.warmup_ms * (_AGAIN_WARMUP if again else 1.0),
                               min_samples=math.ceil(t.min_samples * share),
                               max_samples=math.ceil(t.max_samples * share),
                               budget_ms=t.budget_ms * share,
-                              target_ci=t.target_ci * rigour.target_ci,
+                              target_ci=t.target_ci * rigour.target_ci * math.sqrt(rounds),
                               mode=self.options.timing.value)
+
+    def warm_request(self, params: Params) -> Warm:
+        """A case's first-round warm-up to be done ahead (Channel.warm): here, on this thread,
+        since a model's spec binds the problem's sizes."""
+        dtype = self.task.benchmark_dtype
+        return Warm(params=params, dtype=dtype, distribution=self.distribution,
+                    model=self.spec(params, dtype), repeat_ms=self.timing(1).warmup_ms)
 
     def failure(self, sub: Submission, case: Case) -> dict:
         """The failing case and the command that reproduces it: its task and its run's output

@@ -18,7 +18,8 @@ Requests and the answer each expects:
   Clocked   -> ClockedPass            the pass the parent times on its own clock
   Outputs   -> KeptOutputs            outputs kept by Time or Clocked, with their seeds
   Profile   -> Profiled               one call under the profiler: the kernels it ran
-  Warm      -> Released               one untimed call (a compiled model compiles for the case)
+  Warm      -> Released               one untimed call (a compiled model compiles for the case),
+                                      then a round's warm-up, where asked, done ahead
   PrepareProfiler -> Released         the profiler started once with nothing to record (its
                                       first start costs seconds of host time)
   Copy      -> Timed                  the copy-bandwidth yardstick
@@ -39,7 +40,7 @@ import torch
 
 from kbench.shared.wire import ProtocolError, build, plain, shown
 
-VERSION = 7
+VERSION = 8
 
 
 class BadSamples(ProtocolError):
@@ -330,9 +331,12 @@ class Profile(Drawn):
 @dataclass(frozen=True)
 class Warm(Drawn):
     """One untimed call on a fresh input set, its memory given back: torch.compile compiles
-    the model for the case (kbench.grading.timing.compiled)."""
+    the model for the case (kbench.grading.timing.compiled); then calls for ``repeat_ms``, as
+    a timed round warms up (kbench.worker.timing.warm_up), so that the process's first round
+    of the case takes the short warm-up of a process that has timed it before."""
 
     answers: ClassVar[tuple[type, ...]] = (Released,)
+    repeat_ms: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import time
+from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -30,7 +31,8 @@ class Hold:
     whole call before the start event runs: the interval is then the device's time for the
     call (its kernels and the gaps between them), not the host's Python dispatch, which varies
     from process to process by tens of microseconds. The host's dispatch time is measured
-    separately. The hold doubles whenever a call took longer to queue than it.
+    separately. A sample whose dispatch outran the hold is discarded and the next one held
+    twice that long; otherwise the hold follows the latest dispatch times (see fit).
 
     The hold fills every SM (``_spin_all_sms``): a kernel the call launches on a stream that
     does not wait for the caller's cannot run during the hold and finish before the start
@@ -39,21 +41,24 @@ class Hold:
     stands in, and ``exclusive`` is False."""
 
     MAX_MS = HOLD_MAX_MS
+    WINDOW = 20  # latest dispatch times the hold is sized from
 
     def __init__(self, device: torch.device, sm_mhz: int | None) -> None:
         self.cycles_per_ms = (sm_mhz or 2000) * 1000
         self.ms = 0.05
+        self.recent: deque[float] = deque(maxlen=self.WINDOW)
         self.spin_all = _spin_all_sms(device)
         self.exclusive = self.spin_all is not None
 
     def fit(self, dispatch_ms: list[float]) -> None:
-        """Size the hold from warm-up calls' dispatch times (ms): twice the 90th percentile,
-        so that one slow dispatch among them (a page fault, the host's scheduler) does not set
-        it for the whole round; a sample whose dispatch outran it is discarded and the hold
-        lengthened (``covered``). Sized by the longest, the hold and the idle probe that
-        matches it took 2.2 ms of every launch-bound sample on an H100, four times the rest of
-        the sample."""
-        ordered = sorted(dispatch_ms)
+        """Size the hold from dispatch times (ms), warm-up calls' first: twice the 90th
+        percentile of the latest WINDOW, so that one slow dispatch (a page fault, the
+        host's scheduler) does not set it for a whole round. Sized by the longest and never
+        shortened again, the hold and the idle probe that matches it took 2.2 ms of every
+        launch-bound sample on an H100 (four times the rest of the sample), and on an H200
+        half of a timed l2norm submission's device time went to holds and probes."""
+        self.recent.extend(dispatch_ms)
+        ordered = sorted(self.recent)
         high = ordered[int(0.9 * (len(ordered) - 1))] if ordered else 0.0
         self.ms = min(self.MAX_MS, max(0.05, 2 * high))
 
@@ -64,9 +69,16 @@ class Hold:
             _spin(int(self.ms * self.cycles_per_ms))
 
     def covered(self, dispatch_ms: float) -> bool:
-        """Did the hold outlast queueing (with a margin for the events)? If not, lengthen it."""
-        if dispatch_ms < 0.8 * self.ms or self.ms >= self.MAX_MS:
+        """Did the hold outlast queueing (with a margin for the events)? If not, the next
+        hold is twice this dispatch; either way the one after follows the latest dispatch
+        times again (fit). At MAX_MS every sample counts and the hold stays: a call that
+        waits on the device while it is queued is timed as it is."""
+        if self.ms >= self.MAX_MS:
             return True
+        if dispatch_ms < 0.8 * self.ms:
+            self.fit([dispatch_ms])
+            return True
+        self.recent.append(dispatch_ms)
         self.ms = min(self.MAX_MS, 2 * dispatch_ms)
         return False
 

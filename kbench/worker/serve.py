@@ -41,7 +41,7 @@ from kbench.shared.outputs import Unsupported, flatten
 from kbench.worker import prebuilt
 from kbench.worker.kept import HELD_BY_A_PASS, clocked
 from kbench.worker.kernels import kernels_of, prepare_profiler
-from kbench.worker.timing import measure, rotation, set_bytes
+from kbench.worker.timing import measure, rotation, set_bytes, synchronizer, warm_up
 from kbench.worker.trials import trials
 
 _MODELS_KEPT = 2  # instances kept at once (cases of other sizes or dtypes build their own)
@@ -276,16 +276,17 @@ class Worker:
         return p.Profiled(kernels)
 
     def warm(self, r: p.Warm) -> p.Answer:
-        """One untimed call on a fresh input set (a compiled model compiles for the case)."""
+        """One untimed call on a fresh input set (a compiled model compiles for the case), then
+        calls for ``repeat_ms``: the warm-up of this case's first timed round, done ahead."""
         self.last_output, self.kept = None, {}
         try:
             model = self._model(r.model)
             with torch.no_grad():
-                model(*self._fresh_set(r)[0])
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
+                warm_up(lambda args: model(*args), self._fresh_set(r)[0], r.repeat_ms,
+                        synchronizer(self.device))
         except BaseException as exc:
-            return _error("benchmark (torch.compile)", exc)
+            return _error("benchmark (warm-up)" if r.repeat_ms else "benchmark (torch.compile)",
+                          exc)
         finally:
             self._free()
         return p.Released()

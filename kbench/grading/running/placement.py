@@ -21,9 +21,13 @@ class Placement:
     address: str | None = None  # --address, with ray
 
 
-def executor_for(options: Options, placement: Placement, say: Callable[[str], None]
-                 ) -> Executor:
-    """The executor a placement asks for; OptionsError names what cannot be."""
+def executor_for(options: Options, placement: Placement, say: Callable[[str], None],
+                 beside_builds: bool = False) -> Executor:
+    """The executor a placement asks for; OptionsError names what cannot be.
+    ``beside_builds``: one GPU grades in a slot process of its own too (kbench grade), so that
+    each submission is graded as its build lands, where this process grades only once every
+    build is out (kbench.grading.running.local says why); a session keeps its problems open
+    in this process between batches instead."""
     if placement.cpu_slots < 1:
         raise OptionsError(f"--slots {placement.cpu_slots}: expected at least 1")
     several = placement.executor == "ray" or placement.cpu_slots > 1
@@ -40,6 +44,7 @@ def executor_for(options: Options, placement: Placement, say: Callable[[str], No
     from kbench.grading.running import slots
 
     chosen = slots.specs(options.device, placement.gpus, placement.cpu_slots)
-    if len(chosen) == 1 and (options.device is Device.CPU or placement.gpus is None):
+    if len(chosen) == 1 and (options.device is Device.CPU
+                             or placement.gpus is None and not beside_builds):
         return LocalExecutor(options, say)  # in this process: no slot process to start
     return slots.SlotsExecutor(options, chosen, say)

@@ -157,7 +157,7 @@ class Slot:
             try:
                 alternating.time_submission(
                     self.ctx, channel, result, reference, self.pool,
-                    lambda rounds: self._round_channels(sub, rounds, result), judge,
+                    lambda rounds, warms: self._round_channels(sub, rounds, warms, result), judge,
                     [kernels.channel] if kernels is not None else [])
             finally:
                 result.timed_beside = judge.record()
@@ -200,22 +200,27 @@ class Slot:
                 spawn.prestart(ctx.logs / _round_log(sub, r), build.env(ctx, sub),
                                ctx.device.type, _spare(ctx))
 
-    def _round_channels(self, sub: Submission, rounds: int, result: SubmissionResult
-                        ) -> list[Channel]:
+    def _round_channels(self, sub: Submission, rounds: int, warms: alternating.Warms,
+                        result: SubmissionResult) -> list[Channel]:
         """New processes for rounds 1 to ``rounds - 1`` of the submission's launch-bound
         cases (kbench.grading.timing.alternating), loaded side by side from the warm build
-        cache; none is left open if one fails."""
+        cache and each warmed up on those cases (``warms``); none is left open if one
+        fails."""
         ctx = self.ctx
         channels: list[Channel] = []
         spec = ctx.load_spec()  # here, not in the threads (Channel.load)
+
+        def ready(channel: Channel, r: int) -> None:
+            channel.load(sub, instantiate=True, spec=spec, stage=f"load (timing round {r})")
+            for params, request in warms:
+                channel.warm(params, request)
+
         try:
             for r in range(1, rounds):
                 result.logs.append(str(ctx.logs / _round_log(sub, r)))
                 channels.append(Channel(ctx, _round_log(sub, r), build.env(ctx, sub)))
             with ThreadPoolExecutor(max(1, len(channels))) as loading:
-                loads = [loading.submit(c.load, sub, instantiate=True, spec=spec,
-                                        stage=f"load (timing round {r + 1})")
-                         for r, c in enumerate(channels, start=1)]
+                loads = [loading.submit(ready, c, r) for r, c in enumerate(channels, start=2)]
             for load in loads:
                 load.result()  # the first round's failure, in round order
         except BaseException:

@@ -67,6 +67,11 @@ class Judge:
         in the last pass, where the log is not asked)?"""
         return self.meter.read().disturbed or (not self.final and bool(self._beside()))
 
+    def loaded(self) -> bool:
+        """Did processes other than kbench's keep the host's cores busy so far (its load;
+        kbench's own builds and timings beside it not counted)?"""
+        return self.meter.read().disturbed
+
     def record(self) -> TimedBeside:
         reading, beside = self.meter.read(), self._beside()
         return TimedBeside(seconds=round(reading.seconds, 2),

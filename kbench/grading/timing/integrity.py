@@ -32,18 +32,19 @@ _VERIFIED = 8
 # bytes: it skipped work while timed (replayed, cached or left out the computation).
 _MAX_COPY_SHARE = 1.5
 
-# The trusted clock: per case, kbench times this many passes of calls run back to back on its
-# own clock (the best one counts, see _clocked_pass), each pass as many calls as the
-# submission's median says fill _CLOCKED_MS (within 1 and _CLOCKED_MAX_CALLS), so the round
-# trip's noise is small beside it. The submission's figure (see _stopwatch) plus its host
-# dispatch time must explain that pass's time per call, within this share of the figure plus
-# this many ms (wider on a CPU, where a pass of warm calls and the cold timed ones differ more).
-# Where the best pass fails, as many passes again are timed and the best of all counts: an
-# honest kernel's excess varies from pass set to pass set (on an H200 at 32768x65535, 4.4 ms a
-# call, one set of 48 went 7 % past the slack with two GPUs busy), a kernel hiding work fails
-# every pass. On a disturbed host (other processes on the cores, kbench's own builds beside it)
-# up to _DISTURBED_ROUNDS sets are timed: a pass only gains time from load, so the more passes,
-# the likelier one ran undisturbed, while a kernel hiding work fails every one of them too.
+# The trusted clock: per case, kbench times passes of calls run back to back on its own clock
+# (the best one counts, see _clocked_pass), each pass as many calls as the submission's median
+# says fill _CLOCKED_MS (within 1 and _CLOCKED_MAX_CALLS), so the round trip's noise is small
+# beside it. The submission's figure (see _stopwatch) plus its host dispatch time must explain
+# the best pass's time per call, within this share of the figure plus this many ms (wider on a
+# CPU, where a pass of warm calls and the cold timed ones differ more). Passes are timed until
+# one is explained, _CLOCKED_ROUNDS sets of _CLOCKED_PASSES at most before a flag: an honest
+# kernel's excess varies from pass to pass (on an H200 at 32768x65535, 4.4 ms a call, one set
+# of 48 went 7 % past the slack with two GPUs busy), a kernel hiding work fails every pass, so
+# stopping at the first explained pass decides as the best of all would. On a disturbed host
+# (other processes on the cores, kbench's own builds beside it) up to _DISTURBED_ROUNDS sets
+# are timed: a pass only gains time from load, so the more passes, the likelier one ran
+# undisturbed, while a kernel hiding work fails every one of them too.
 _CLOCKED_PASSES = 3
 _CLOCKED_ROUNDS = 2
 _DISTURBED_ROUNDS = 8
@@ -56,7 +57,7 @@ _CLOCKED_MAX_CALLS = 2000
 # asks for more: on 4 H100s, 2000-call passes of launch-bound real samples took 6-15 s of a
 # sample's timing (docs/evidence/h100x4-2026-11-27-timed-batch). A round trip's noise (well
 # under 1 ms) over _MIN_CALLS calls stays far below the slack's 0.1 ms a call.
-_PASS_MS = 60.0
+_PASS_MS = 25.0
 _MIN_CALLS = 50
 _PROBE_CALLS = 16
 _CLOCK_SLACK = {"cuda": (0.15, 0.1), "cpu": (0.5, 1.0)}
@@ -136,14 +137,15 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
     back on fresh input sets (see kbench.worker.kept.clocked), each call followed by a
     device-wide synchronisation, no hold, no flush, as one request whose round trip is timed
     here, and the same request with no call in it. The shortest trip with the calls less the
-    shortest without, per call (over a second set of passes where the first set fails), must be
-    explained by the submission's figure (_stopwatch) plus its host dispatch time; work hidden
-    from the stopwatch, or a stopwatch tampered with in the worker, shows up as the difference:
+    shortest without, per call, over the passes timed so far, must be explained by the
+    submission's figure (_stopwatch) plus its host dispatch time; work hidden from the
+    stopwatch, or a stopwatch tampered with in the worker, shows up as the difference:
     flagged. The trips without calls include ``kbench_empty(calls, passes)``'s, timed in a
     process of kbench's (the reference's): a worker slowing its own empty trips cannot shorten
     the difference; a short empty pass there first gives the input draws' cost (clocked_calls).
-    The passes' outputs are verified too. Where the sets fail while ``disturbed()`` says the
-    host is disturbed, more sets are timed (_DISTURBED_ROUNDS in all). Eager mode only: a graph
+    The passes' outputs are verified too. Passes go on until one is explained (an honest
+    kernel's first, mostly), two sets of _CLOCKED_PASSES at most; while ``disturbed()`` says
+    the host is disturbed, more sets (_DISTURBED_ROUNDS in all). Eager mode only: a graph
     replay's figures leave out the per-call dispatch that such a pass includes."""
     if ctx.options.timing is not TimingMode.EAGER:
         return
@@ -159,20 +161,22 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
     allowed = explained + share * timed + ms
     # the shortest round trips without and with the calls
     empty, full = min(kbench_empty(calls, _CLOCKED_PASSES), default=math.inf), math.inf
-    sets = 0
-    while sets < _CLOCKED_ROUNDS or (sets < _DISTURBED_ROUNDS and disturbed()):
-        for _ in range(_CLOCKED_PASSES):
-            trips = _clocked_pass(ctx, channel, bench, calls)
-            empty, full = min(empty, trips[0]), min(full, trips[1])
+    passes = 0
+    while True:
+        trips = _clocked_pass(ctx, channel, bench, calls)
+        empty, full = min(empty, trips[0]), min(full, trips[1])
         best = max(0.0, full - empty) * 1e3 / calls
-        sets += 1
-        if best <= allowed:
+        passes += 1
+        if best <= allowed or passes >= _DISTURBED_ROUNDS * _CLOCKED_PASSES:
+            break
+        if passes >= _CLOCKED_ROUNDS * _CLOCKED_PASSES and passes % _CLOCKED_PASSES == 0 \
+                and not disturbed():
             break
     mine.trusted_ms = best
     if best > allowed:
         raise TimingFlag(Verdict(Status.FLAGGED, f"benchmark {params_text(bench.params)}: kbench's "
                            f"own clock took {best:.4g} ms per call at best in "
-                           f"{sets * _CLOCKED_PASSES} passes; the submission's "
+                           f"{passes} passes; the submission's "
                            f"timing explains {explained:.4g} ms ({timed:.4g} ms {what}): "
                            "work was hidden from the stopwatch or the "
                            "stopwatch was tampered with"), "clock", bench,

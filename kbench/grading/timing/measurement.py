@@ -89,19 +89,36 @@ def drift(start: Measurement, end: Measurement) -> str | None:
             f"ms ({end.ci[0]:.4g}-{end.ci[1]:.4g}): {100 * (end.ms / start.ms - 1):+.1f}%")
 
 
-def add_speedups(result: SubmissionResult, reference: list[Benchmark]) -> None:
+def add_speedups(result: SubmissionResult, reference: list[Benchmark],
+                 loaded: bool = False) -> None:
     """Per shape: reference median / candidate median, over the eager reference timed in
     rounds alongside the candidate and over torch.compile of it, each with an interval;
     overall: geometric means over the timed shapes. A shape whose reference could not be
     timed alongside gets no speedup (its ``skipped`` says why) rather than one over the
-    run's start-of-run reference: a speedup always divides the same kind of figure."""
+    run's start-of-run reference: a speedup always divides the same kind of figure.
+    ``loaded``: the stopwatch was host time on a host other processes kept busy meanwhile
+    (see _loaded)."""
     for bench in result.benchmarks:
         if bench.candidate is not None and bench.reference is not None:
             bench.speedup, *bench.speedup_ci = stats.ratio(estimate(bench.reference),
                                                            estimate(bench.candidate))
+            if loaded:
+                bench.speedup_ci = _loaded(bench.speedup_ci, bench.reference, bench.candidate)
     timed = [b for b in result.benchmarks if b.candidate is not None]
     result.speedup, result.speedup_ci = _overall([(b.speedup, b.speedup_ci) for b in timed])
     add_compile_speedups(result, reference)
+
+
+def _loaded(ci: list[float], ref: Measurement, mine: Measurement) -> list[float]:
+    """A speedup's interval on a loaded host, widened to cover each side's fastest call over
+    the other's median. Load stretches host time by as much as it happens to hit each side,
+    and no interval over the samples bounds that: on a 2-core machine at load average 7, a
+    copy of the reference's own expression got 0.453x (0.362-0.588) while the fastest calls of
+    the two sides were 1.80 and 1.84 ms. Each side's fastest call is the least slowed, so the
+    true ratio lies between the fastest over the other's median, either way round."""
+    if not (ref.fastest_ms and mine.fastest_ms):
+        return ci
+    return [min(ci[0], ref.fastest_ms / mine.ms), max(ci[1], ref.ms / mine.fastest_ms)]
 
 
 def add_compile_speedups(result: SubmissionResult, reference: list[Benchmark]) -> bool:

@@ -58,15 +58,20 @@ class ReferenceWorker:
             spawn.prestart(self.ctx.logs / f"{self.name}.run.log", child_env({}),
                            self.ctx.device.type, self.ctx.spare.cpus if self.ctx.spare else ())
 
-    def ready(self, spec: protocol.ModelSpec) -> None:
+    def ready(self, spec: protocol.ModelSpec, warms: list[tuple[Params, protocol.Warm]]
+              ) -> None:
         """Open now where it can be, building the instance ``spec`` names (see Channel.load:
-        nothing shared is touched, so workers open side by side); a failure is kept, and the
-        round that needs it tries again."""
+        nothing shared is touched, so workers open side by side), and warmed up on the cases
+        of ``warms`` (Channel.warm); a failure is kept, and the round that needs it tries
+        again."""
         if self.channel is None and self.opened <= self._REOPEN:
             try:
-                self._open(spec)
+                channel = self._open(spec)
+                for params, request in warms:
+                    channel.warm(params, request)
             except Stop as stop:
                 self.failure = stop.verdict.reason
+                self.close()
 
     def samples(self, index: int, params: Params, rounds: int = 1) -> Samples | None:
         """One round at benchmark ``index``; None if the reference cannot be timed."""
@@ -182,14 +187,16 @@ class ReferencePool:
         for worker in self._later(fresh, eager):
             worker.prestart()
 
-    def ready(self, fresh: bool, eager: bool) -> None:
-        """Those processes open, side by side, before a submission's timing begins: none
-        starts while one is timed."""
-        closed = [w for w in self._later(fresh, eager) if w.channel is None]
+    def ready(self, warms: list[tuple[Params, protocol.Warm]], eager: bool) -> None:
+        """Those processes open, side by side, before a submission's timing begins (none
+        starts while one is timed): each fresh round's where ``warms`` names launch-bound
+        cases, warmed up on them, and the clock's in eager mode."""
+        closed = [w for w in self._later(bool(warms), eager) if w.channel is None]
         if closed:
             spec = self.ctx.load_spec()  # here: it binds the problem's sizes (Channel.load)
             with ThreadPoolExecutor(len(closed)) as opening:
-                list(opening.map(lambda worker: worker.ready(spec), closed))
+                list(opening.map(lambda worker: worker.ready(
+                    spec, warms if worker is not self.clock else []), closed))
 
     def _later(self, fresh: bool, eager: bool) -> list[ReferenceWorker]:
         return [*(self.rounds[1:] if fresh else []), *([self.clock] if eager else [])]
