@@ -9,6 +9,11 @@ moved and any cheat that ranked above its honest twin.
 
     # CPU: the cheat fixtures and their honest twin (a task timed at 2048x4096 is written)
     python bench/under_load.py --runs 3
+    # CPU: the bundled quick start five times beside two busy loops; copies of three bundled
+    # references, whose speedups' intervals must hold 1.0 (or read "not measurable here")
+    python bench/under_load.py kbench/submissions/ --runs 5 --busy 2 --phases load --honest
+    python bench/under_load.py bench/submissions/same_as_reference/ --runs 5 --busy 2 \
+        --phases load --honest --same
     # a GPU host: the bundled CUDA kernels, nvcc loops on every core
     python bench/under_load.py kbench/submissions/l2norm_v[3-8].py \\
         --device cuda --kind nvcc --busy 48 -- --profile quick
@@ -133,11 +138,23 @@ def _figures(sub: dict) -> str:
     return f"({sub['reason'][:160]})" if sub["reason"] else ""
 
 
-def compare(seen: dict[str, dict[str, list[dict]]]) -> tuple[list[str], list[str]]:
+def compare(seen: dict[str, dict[str, list[dict]]], honest: bool = False, same: bool = False
+            ) -> tuple[list[str], list[str]]:
     """Per submission a line of verdicts and speedups at idle and under load; and the
     problems: verdicts that moved, cheats above their twins (the twin's interval top, with
-    the 1.25x margin the CPU tests allow for noise)."""
+    the 1.25x margin the CPU tests allow for noise); with ``honest``, any flag; with ``same``
+    (each submission computes the reference's own expression), an interval that leaves out
+    1.0 and spans less than a factor of 2 (a figure shown as clear, and wrong)."""
     lines, problems = [], []
+    for name, phases in sorted(seen.items()):
+        for phase, subs in phases.items():
+            for run, sub in enumerate(subs, start=1):
+                low, high = sub.get("speedup_ci") or (None, None)
+                if honest and sub["status"] == "flagged":
+                    problems.append(f"FLAGGED {name} ({phase}, run {run}): {sub['reason']}")
+                if same and low and not low <= 1.0 <= high and high < 2 * low:
+                    problems.append(f"WRONG INTERVAL {name} ({phase}, run {run}): "
+                                    f"{sub['speedup']:.3f}x [{low:.3f}-{high:.3f}]")
     for name in sorted(seen):
         cells = []
         for phase in ("idle", "load"):
@@ -165,7 +182,8 @@ def main() -> int:
                                      usage="%(prog)s [PATH...] [options] [-- kbench options]")
     parser.add_argument("paths", nargs="*", help="default: the CPU cheat fixtures and twin")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--task", help="default on CPU: l2norm cut down, 2048x4096 timed")
+    parser.add_argument("--task", help="default: kbench's matching by name, and for the "
+                        "default fixtures on CPU l2norm cut down, 2048x4096 timed")
     parser.add_argument("--runs", type=int, default=2, help="grades per phase")
     parser.add_argument("--busy", type=int, default=2 * (os.cpu_count() or 1),
                         help="busy processes under load (default: twice the cores)")
@@ -173,6 +191,10 @@ def main() -> int:
     parser.add_argument("--nice", type=int, default=0, help="of the busy processes")
     parser.add_argument("--phases", default="idle,load", type=lambda v: v.split(","),
                         help="which of idle and load each run grades (default both)")
+    parser.add_argument("--honest", action="store_true",
+                        help="every file is honest: a flag on any is a problem")
+    parser.add_argument("--same", action="store_true", help="every file computes its "
+                        "reference's own expression: a clear interval without 1.0 is a problem")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
@@ -183,8 +205,10 @@ def main() -> int:
     seen: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     with tempfile.TemporaryDirectory(prefix="kbench-under-load-") as scratch:
         scratch_dir = Path(scratch)
+        # the cut-down task for the default fixtures; files given are matched as kbench
+        # grade matches them (by name prefix) unless --task says otherwise
         task = Path(args.task) if args.task else \
-            cpu_task(scratch_dir) if args.device == "cpu" else None
+            cpu_task(scratch_dir) if args.device == "cpu" and not args.paths else None
         for run in range(args.runs):
             seed = secrets.randbits(31)
             for phase in args.phases:
@@ -196,7 +220,7 @@ def main() -> int:
                 print(f"run {run + 1}/{args.runs} {phase} (seed {seed}): " + ", ".join(
                     f"{n} {s['status']} {_figures(s)}" for n, s in sorted(subs.items())),
                       flush=True)
-    lines, problems = compare(seen)
+    lines, problems = compare(seen, args.honest, args.same)
     print(f"\n{args.busy} busy processes ({args.kind}, nice {args.nice}) on "
           f"{os.cpu_count()} cores; verdicts and speedups per run:")
     print("\n".join(lines))

@@ -188,8 +188,8 @@ def _clock(monkeypatch, passes: list[tuple[float, float]], disturbed: bool,
     from kbench.grading.timing import integrity
     left = list(passes)
     monkeypatch.setattr(integrity, "_clocked_pass",
-                        lambda ctx, channel, bench, calls: tuple(ms * calls / 1e3
-                                                                  for ms in left.pop(0)))
+                        lambda ctx, channel, bench, calls, fastest_s: tuple(
+                            ms * calls / 1e3 for ms in left.pop(0)))
     ctx = SimpleNamespace(options=SimpleNamespace(timing=TimingMode.EAGER),
                           device=torch.device(device))
     bench = Benchmark(params={"rows": 8}, dtype="float32", candidate=Measurement(
@@ -268,8 +268,8 @@ def test_a_clocked_pass_is_sized_by_its_input_draws_as_timed_in_kbench_s_process
         asked.append((calls, passes))
         return [calls * 0.2e-3 + 1e-4] * passes  # 0.2 ms a draw, 0.1 ms a round trip
 
-    monkeypatch.setattr(integrity, "_clocked_pass", lambda ctx, channel, bench, calls: (
-        calls * 0.2e-3, calls * 0.23e-3))
+    monkeypatch.setattr(integrity, "_clocked_pass", lambda ctx, channel, bench, calls,
+                        fastest_s: (calls * 0.2e-3, calls * 0.23e-3))
     ctx = SimpleNamespace(options=SimpleNamespace(timing=TimingMode.EAGER),
                           device=torch.device("cuda"))
     bench = Benchmark(params={"rows": 8}, dtype="float32",
@@ -279,6 +279,44 @@ def test_a_clocked_pass_is_sized_by_its_input_draws_as_timed_in_kbench_s_process
     calls = integrity.clocked_calls(0.01, (16 * 0.2e-3 + 1e-4) * 1e3 / 16)
     assert asked == [(16, 1), (calls, 3)] and 100 < calls < 130
     assert bench.candidate.trusted_ms == pytest.approx(0.03, abs=0.002)
+
+
+def test_a_clocked_pass_s_outputs_are_verified_where_its_calls_are_the_fastest_yet(
+        monkeypatch):
+    import time
+    from types import SimpleNamespace
+
+    from kbench.grading.timing import integrity
+    from kbench.shared import protocol
+
+    # Only the fastest trip with the calls counts: that pass's outputs must be right (a pass
+    # made fast by skipping work is caught there); a slower pass's are let go.
+    verified = []
+    monkeypatch.setattr(integrity, "verify",
+                        lambda ctx, channel, params, kept: verified.append(kept[0]))
+
+    class _Channel:
+        def __init__(self) -> None:
+            self.passes, self.released = 0, 0
+
+        def call(self, request, limit, stage):
+            if isinstance(request, protocol.Clocked):
+                if not request.empty:
+                    self.passes += 1
+                    time.sleep((0.05, 0.15, 0.02)[self.passes - 1])
+                return protocol.ClockedPass(calls=4, kept=[self.passes])
+            if isinstance(request, protocol.Release):
+                self.released += 1
+                return protocol.Released()
+            return protocol.Prepared(calls=4)
+
+    ctx = SimpleNamespace(task=SimpleNamespace(limits=SimpleNamespace(benchmark_s=10, case_s=10),
+                                               benchmark_dtype="float32"),
+                          distribution="normal", spec=lambda params, dtype: None)
+    bench, channel, fastest = Benchmark(params={"rows": 8}, dtype="float32"), _Channel(), 1e9
+    for _ in range(3):
+        fastest = min(fastest, integrity._clocked_pass(ctx, channel, bench, 4, fastest)[1])
+    assert verified == [1, 3] and channel.released == 1
 
 
 def test_a_call_that_waited_on_the_device_is_charged_its_side_work_but_not_flagged():

@@ -213,8 +213,8 @@ def test_prune_keeps_the_newest_runs_and_what_they_use(tmp_path, task, capsys):
 
 def test_unchanged_file_reused_changed_one_regraded(tmp_path, task, cache_dir):
     out = tmp_path / "out"
-    src = tmp_path / "l2norm_slow_a.py"
-    src.write_text((SLOW / "l2norm_slow_a.py").read_text())
+    src = tmp_path / "l2norm_torch_ok.py"  # graded five times: a quick one
+    src.write_text((FIXTURES / "cpu" / "l2norm_torch_ok.py").read_text())
     args = [str(src), "--task", str(task)]
     first = grade(args, out, cache_dir)[1]["submissions"][0]
     assert first["status"] == "ok" and first["reused_from_run"] is None

@@ -91,9 +91,9 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
             for r, here in enumerate(processes[:]):
                 for i in fresh:
                     one_round(i, here, pool.rounds[r], rigour.fresh_rounds)
-        finally:  # side by side: each waits for its CUDA context's end (0.14 s on an H200)
-            with part("fresh processes"), ThreadPoolExecutor(max(1, len(processes) - 1)) as closing:
-                list(closing.map(lambda process: process.close(), processes[1:]))
+        finally:
+            with part("fresh processes"):
+                _close(processes[1:])
             del processes[1:]
     for i in mine:
         if i not in fresh:
@@ -117,7 +117,21 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
                 ctx, channel, b, judge.disturbed,
                 lambda calls, passes: _empty_trips(pool, [channel, *beside], i, calls,
                                                    passes)))
-    # a CPU's stopwatch is host time, which load stretches side by side unevenly
+    _speedups(ctx, result, reference, judge)
+
+
+def _close(processes: list[Channel]) -> None:
+    """Side by side: each waits for its CUDA context's end (0.14 s on an H200)."""
+    if processes:
+        with ThreadPoolExecutor(len(processes)) as closing:
+            list(closing.map(lambda process: process.close(), processes))
+
+
+def _speedups(ctx: Context, result: SubmissionResult, reference: list[Benchmark],
+              judge: Judge) -> None:
+    """kbench's and KernelBench's speedups; on a CPU whose other processes kept the host
+    busy, intervals widened for it (a CPU's stopwatch is host time, which load stretches on
+    each side unevenly: kbench.grading.timing.measurement)."""
     loaded = ctx.device.type == "cpu" and judge.loaded()
     measurement.add_speedups(result, reference, loaded)
     if loaded:

@@ -143,7 +143,7 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
     flagged. The trips without calls include ``kbench_empty(calls, passes)``'s, timed in a
     process of kbench's (the reference's): a worker slowing its own empty trips cannot shorten
     the difference; a short empty pass there first gives the input draws' cost (clocked_calls).
-    The passes' outputs are verified too. Passes go on until one is explained (an honest
+    The fastest pass's outputs are verified too. Passes go on until one is explained (an honest
     kernel's first, mostly), two sets of _CLOCKED_PASSES at most; while ``disturbed()`` says
     the host is disturbed, more sets (_DISTURBED_ROUNDS in all). Eager mode only: a graph
     replay's figures leave out the per-call dispatch that such a pass includes."""
@@ -163,7 +163,7 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
     empty, full = min(kbench_empty(calls, _CLOCKED_PASSES), default=math.inf), math.inf
     passes = 0
     while True:
-        trips = _clocked_pass(ctx, channel, bench, calls)
+        trips = _clocked_pass(ctx, channel, bench, calls, full)
         empty, full = min(empty, trips[0]), min(full, trips[1])
         best = max(0.0, full - empty) * 1e3 / calls
         passes += 1
@@ -196,14 +196,18 @@ def _stopwatch(mine: Measurement, cuda: bool) -> tuple[float, str]:
     return mine.fastest_ms, "its fastest timed call"
 
 
-def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int
-                  ) -> tuple[float, float]:
-    """One pass of ``calls`` calls, its outputs verified: the seconds of the request's round
-    trip with no call in it and with the calls, on kbench's clock. The best pass is the
-    shortest round trip with the calls less the shortest without: load only lengthens a round
-    trip, so neither minimum is below what it measures, where a difference taken pass by pass
-    (an empty trip slowed, the full one not) can fall below the calls' time, and the least of
-    many such differences, on a busy host, did: a stopwatch forged to a third passed."""
+def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int,
+                  fastest_s: float) -> tuple[float, float]:
+    """One pass of ``calls`` calls: the seconds of the request's round trip with no call in
+    it and with the calls, on kbench's clock; the pass's outputs verified where its calls'
+    trip is the fastest yet (under ``fastest_s``). The best pass is the shortest round trip
+    with the calls less the shortest without: load only lengthens a round trip, so neither
+    minimum is below what it measures, where a difference taken pass by pass (an empty trip
+    slowed, the full one not) can fall below the calls' time, and the least of many such
+    differences, on a busy host, did: a stopwatch forged to a third passed. Only the fastest
+    trip with the calls counts, so the outputs of that pass are the ones that must be right
+    (a pass made fast by skipping work is caught there); verifying every pass's took 72 of
+    the 117 s of a forged stopwatch's 48 passes on a busy 2-core machine."""
     stage = f"benchmark {params_text(bench.params)}"
     limit = ctx.task.limits.benchmark_s
     dtype = ctx.task.benchmark_dtype
@@ -219,7 +223,10 @@ def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int
         if answer.calls != calls:
             raise Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker's clocked pass "
                                f"did not run the {calls} calls asked for"))
-    verify(ctx, channel, bench.params, answer.kept)
+    if seconds[1] < fastest_s:
+        verify(ctx, channel, bench.params, answer.kept)
+    else:
+        channel.call(protocol.Release(), ctx.task.limits.case_s, stage)
     return seconds[0], seconds[1]
 
 
