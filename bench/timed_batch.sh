@@ -172,7 +172,7 @@ load)
     shift
     task=tasks/l2norm.yaml
     if [ -n "${SIZES:-}" ]; then  # the task with only these benchmark sizes (pairs)
-        task=$W/l2norm-sizes.yaml
+        task=$W/sizes/l2norm.yaml; mkdir -p $W/sizes
         python3 -c "import sys, yaml; t = yaml.safe_load(open('tasks/l2norm.yaml'))
 n = [int(v) for v in sys.argv[1].split()]
 t['benchmarks']['cuda'] = [n[i:i + 2] for i in range(0, len(n), 2)]
