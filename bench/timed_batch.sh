@@ -16,7 +16,9 @@
 #   bench/timed_batch.sh load GPU...    two busy processes per core on every core, and on
 #                                       each GPU given RUNS (1) grades of l2norm v3-v8 and the
 #                                       forged-stopwatch fixtures, all at once (warm builds);
-#                                       SIZES="16 16384 4096 4096" times only those sizes
+#                                       SIZES="16 16384 8192 8192" times only those sizes
+#                                       (on an H200 the forged-stopwatch fixtures are caught at
+#                                       8192x8192, not at 4096x4096: the clock's slack)
 #   bench/timed_batch.sh few PROBLEM... those level-1 problems' samples, --profile quick, cold,
 #                                       on one GPU: where each timed sample's seconds went
 #   bench/timed_batch.sh bundled PROFILE [CACHE]

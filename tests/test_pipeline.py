@@ -247,6 +247,9 @@ def test_the_host_split_keeps_cores_for_timing_only_where_builds_keep_half():
     assert not hostsplit.plan(4, Device.CUDA, None, list(range(12))).split  # too few cores
     cpu = hostsplit.plan(1, Device.CPU, None, [0, 1])
     assert not cpu.split and cpu.build == (0, 1) and "host not split" in cpu.describe()
+    # Builds yield only to a timing on their cores: on cores of their own, under other users'
+    # load, a lower priority starved them.
+    assert four.nice == 0 and cpu.nice > 0 and "at nice 0" in four.describe()
 
 
 def test_a_worker_started_ahead_is_the_one_its_sandbox_uses(tmp_path):

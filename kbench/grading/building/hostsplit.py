@@ -2,9 +2,9 @@
 batch puts on the host (one nvcc chain a core, for minutes); a kernel timed beside them on the
 same cores would be timed late, and kbench's own clock would read the lateness as hidden work.
 So on a GPU host each evaluation slot keeps a few cores of its own (its grading processes are
-pinned there: CPU affinity, inherited by every worker it starts) and builds run on the rest,
-at low priority. On the CPU device timing needs every core: nothing is split, and a timed run
-builds everything before it times anything (kbench.grading.running.local)."""
+pinned there: CPU affinity, inherited by every worker it starts) and builds run on the rest.
+On the CPU device timing needs every core: nothing is split, builds run at low priority, and a
+timed run builds everything before it times anything (kbench.grading.running.local)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,12 @@ from dataclasses import asdict, dataclass
 from kbench.grading.options import Device
 
 TIMING_CORES_PER_SLOT = 2  # the slot's trusted process and the worker it times (or the pool's)
-BUILD_NICE = 10
+# Builds that share cores with timing yield to it. On cores of their own they run at the host's
+# usual priority: nothing timed is there to protect, and at nice 10 beside other users' work
+# (32 busy processes on a 16-core H200 host) a cached build's import took 121 s, the grade's
+# bound (docs/evidence/h200-2026-12-02-issue52-bundled).
+SHARED_NICE = 10
+OWN_CORES_NICE = 0
 
 
 @dataclass(frozen=True)
@@ -22,7 +27,7 @@ class HostSplit:
     timing: tuple[tuple[int, ...], ...]  # each slot's cores; () for a slot not pinned
     build: tuple[int, ...]  # the cores builds run on
     build_jobs: int  # builds at a time
-    nice: int = BUILD_NICE
+    nice: int = SHARED_NICE
 
     @property
     def split(self) -> bool:
@@ -56,7 +61,7 @@ def plan(slots: int, device: Device, build_jobs: int | None,
     timing = tuple(tuple(cores[i * TIMING_CORES_PER_SLOT:(i + 1) * TIMING_CORES_PER_SLOT])
                    for i in range(slots))
     build = tuple(cores[reserved:])
-    return HostSplit(timing, build, build_jobs or len(build))
+    return HostSplit(timing, build, build_jobs or len(build), OWN_CORES_NICE)
 
 
 def unsplit(slots: int, build_jobs: int | None, cores: list[int] | None = None) -> HostSplit:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kbench.grading.building.build import Built
-from kbench.grading.building.hostsplit import BUILD_NICE
+from kbench.grading.building.hostsplit import OWN_CORES_NICE
 from kbench.grading.context import Spare
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Options
@@ -156,7 +156,7 @@ def run(unit: Unit, emit: Emit) -> None:
     executor = _executors[key]
     executor.say = lambda line: emit(Event(say=line))  # this unit's emit (a Ray task has its own)
     executor.environment_problem = unit.environment_problem
-    executor.spare = Spare(unit.spare, BUILD_NICE) if unit.spare else None
+    executor.spare = Spare(unit.spare, OWN_CORES_NICE) if unit.spare else None  # a split's
     executor.watcher.for_run(unit.run_tasks, unit.run_files)
     executor.run(unit.jobs, EventSink(emit), unit.built,
                  None if unit.final else lambda job: emit(Event(defer=job)), close=unit.last)
