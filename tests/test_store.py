@@ -24,6 +24,9 @@ from kbench.results.store import FILENAME, OPENING_LOCK, Store
 SLOW = FIXTURES / "slow"
 EXPECTED = {"l2norm_slow_a": "ok", "l2norm_slow_b": "wrong_output", "l2norm_slow_c": "ok",
             "l2norm_slow_d": "runtime_error"}
+# What these tests check is the store, not the stopwatch: where no speedup is looked at, runs
+# grade correctness only (the slow fixtures' timed calls sleep too).
+UNTIMED = "--no-timing"
 
 
 @pytest.fixture
@@ -92,7 +95,7 @@ def _kill_while_writing(proc: subprocess.Popen, out: Path) -> None:
 @pytest.mark.parametrize("kill_after", [0, 2, "store write"])
 def test_resume_after_kill_minus_9(tmp_path, task, cache_dir, kill_after):
     out = tmp_path / "out"
-    proc = start([str(SLOW), "--task", str(task), "--seed", "99"], out, cache_dir)
+    proc = start([str(SLOW), "--task", str(task), "--seed", "99", UNTIMED], out, cache_dir)
     if kill_after == 0:
         wait_for(lambda: stored(out)[0] == 1)
         time.sleep(1.0)  # mid-build
@@ -110,7 +113,7 @@ def test_resume_after_kill_minus_9(tmp_path, task, cache_dir, kill_after):
     resumed = start([str(SLOW), "--task", str(task), "--resume"], out, cache_dir)
     output = resumed.communicate(timeout=300)[0]
     assert resumed.returncode == 0, output
-    assert "seed 99, timing eager, profile full, resuming run 1" in output
+    assert "seed 99, timing off, resuming run 1" in output  # the stored options, not defaults
     assert output.count("] l2norm_slow_") == len(EXPECTED) - done  # only what was missing
     left = len(EXPECTED) - done
     assert f"[{left}/{left}] l2norm_slow_" in output  # progress counts what was left
@@ -125,7 +128,7 @@ def test_resume_after_kill_minus_9(tmp_path, task, cache_dir, kill_after):
 
 def test_two_graders_on_one_folder(tmp_path, task, cache_dir):
     out = tmp_path / "out"
-    procs = [start([str(SLOW), "--task", str(task), "--seed", str(s)], out, cache_dir)
+    procs = [start([str(SLOW), "--task", str(task), "--seed", str(s), UNTIMED], out, cache_dir)
              for s in (1, 2)]
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
@@ -186,7 +189,7 @@ def test_a_second_resume_of_a_run_being_graded_is_refused(tmp_path, task, cache_
 
 def test_prune_keeps_the_newest_runs_and_what_they_use(tmp_path, task, capsys):
     out, cache = tmp_path / "out", tmp_path / "cache"
-    args = [str(SLOW / "l2norm_slow_b.py"), "--task", str(task), "--force"]
+    args = [str(SLOW / "l2norm_slow_b.py"), "--task", str(task), "--force", UNTIMED]
     old_build = cache / "extensions" / "l2norm_gone-0123"
     old_build.mkdir(parents=True)
     (old_build / "x.so").write_bytes(b"\0" * 4096)
@@ -215,7 +218,8 @@ def test_unchanged_file_reused_changed_one_regraded(tmp_path, task, cache_dir):
     out = tmp_path / "out"
     src = tmp_path / "l2norm_torch_ok.py"  # graded five times: a quick one
     src.write_text((FIXTURES / "cpu" / "l2norm_torch_ok.py").read_text())
-    args = [str(src), "--task", str(task)]
+    quick = ["--profile", "quick"]  # timed (speedups are compared), but briefly
+    args = [str(src), "--task", str(task), *quick]
     first = grade(args, out, cache_dir)[1]["submissions"][0]
     assert first["status"] == "ok" and first["reused_from_run"] is None
 
@@ -231,13 +235,14 @@ def test_unchanged_file_reused_changed_one_regraded(tmp_path, task, cache_dir):
     assert edited["reused_from_run"] is None and edited["sha256"] != first["sha256"]
 
     other_task = quick_task(tmp_path / "t2", **{"correctness.random_cases": 4})
-    changed = grade([str(src), "--task", str(other_task)], out, cache_dir)[1]["submissions"][0]
+    changed = grade([str(src), "--task", str(other_task), *quick], out,
+                    cache_dir)[1]["submissions"][0]
     assert changed["reused_from_run"] is None
 
 
 def test_history_and_report_from_the_store(tmp_path, task, cache_dir, capsys):
     out = tmp_path / "out"
-    args = [str(SLOW / "l2norm_slow_b.py"), "--task", str(task)]
+    args = [str(SLOW / "l2norm_slow_b.py"), "--task", str(task)]  # timed: the second reuses
     grade(args, out, cache_dir)
     grade(args, out, cache_dir)
     before = json.loads((out / "results.json").read_text())

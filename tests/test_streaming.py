@@ -6,6 +6,7 @@ once on a device, for all its submissions, however they arrive."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from conftest import FIXTURES, grade, quick_task
 
@@ -16,13 +17,18 @@ from kbench.grading.running.local import LocalExecutor
 from kbench.problems.discovery import Submission
 from kbench.results.run_record import ProblemRun, SubmissionResult
 
-_SLOW_BUILD = '''"""Correct; its build (its import) takes a while."""
+_SLOW_BUILD = '''"""Correct; its build (its first import) takes a while."""
 import time
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-time.sleep({seconds})
+# Only the first import (the build's) sleeps: the graders' imports find the mark and go on.
+_MARK = Path({mark!r})
+if not _MARK.exists():
+    time.sleep({seconds})
+    _MARK.touch()
 
 
 class ModelNew(nn.Module):
@@ -32,12 +38,19 @@ class ModelNew(nn.Module):
 '''
 
 
+def _slow_build(folder: Path, name: str, seconds: float) -> None:
+    """A submission whose build sleeps ``seconds``; its mark (outside the watched build cache)
+    is this test's own, so the sleep is the build's in every session."""
+    mark = folder.parent / f"{name}.imported"
+    (folder / f"{name}.py").write_text(_SLOW_BUILD.format(mark=str(mark), seconds=seconds))
+
+
 def test_a_submission_is_graded_before_its_problem_s_last_build_lands(tmp_path, cache_dir,
                                                                       capsys):
     folder = tmp_path / "subs"
     folder.mkdir()
     (folder / "l2norm_fast.py").write_text((FIXTURES / "cpu" / "l2norm_torch_ok.py").read_text())
-    (folder / "l2norm_slow.py").write_text(_SLOW_BUILD.format(seconds=12))
+    _slow_build(folder, "l2norm_slow", 12)
     task = quick_task(tmp_path)
     code, results = grade([str(folder), "--task", str(task), "--device", "cpu", "--no-timing",
                            "--build-jobs", "2", "--slots", "2"], tmp_path / "out", cache_dir)
@@ -98,7 +111,7 @@ def test_the_build_order_leaves_no_submission_ungraded(tmp_path, cache_dir):
     folder = tmp_path / "subs"
     folder.mkdir()
     for name, seconds in (("a", 0), ("b", 4), ("c", 1)):
-        (folder / f"l2norm_{name}.py").write_text(_SLOW_BUILD.format(seconds=seconds))
+        _slow_build(folder, f"l2norm_{name}", seconds)
     task = quick_task(tmp_path)
     code, results = grade([str(folder), "--task", str(task), "--device", "cpu", "--no-timing",
                            "--build-jobs", "2"], tmp_path / "out", cache_dir)
@@ -118,7 +131,7 @@ def test_a_submission_that_writes_kbench_s_files_beside_the_builds_is_still_flag
     folder.mkdir()
     for name in ("l2norm_writes_cache", "l2norm_torch_ok"):
         (folder / f"{name}.py").write_text((FIXTURES / "cpu" / f"{name}.py").read_text())
-    (folder / "l2norm_slow.py").write_text(_SLOW_BUILD.format(seconds=20))
+    _slow_build(folder, "l2norm_slow", 20)
     task = quick_task(tmp_path)
     code, results = grade([str(folder), "--task", str(task), "--device", "cpu", "--no-timing",
                            "--build-jobs", "2", "--slots", "2"], tmp_path / "out", cache_dir)
