@@ -1,6 +1,7 @@
 """End to end on the CPU: every verdict from a small fixture, in one run, plus the build cache."""
 
 import os
+import shutil
 import sys
 
 import pytest
@@ -51,7 +52,12 @@ def run(tmp_path_factory, cache_dir):
     tmp = tmp_path_factory.mktemp("grade")
     task = quick_task(tmp)
     out = tmp / "reports"
-    code, results = grade([str(FIXTURES / "cpu"), "--task", str(task), "--device", "cpu",
+    # The fixture folder with a build error that fails before any header is parsed: a compile
+    # of torch's headers less (test_failed_builds compiles tests/fixtures/cpu's).
+    subs = tmp / "cpu"
+    shutil.copytree(FIXTURES / "cpu", subs)
+    shutil.copy(FIXTURES / "gradecpu_build_error.py", subs / "l2norm_build_error.py")
+    code, results = grade([str(subs), "--task", str(task), "--device", "cpu",
                            "--jobs", "2", "--seed", "1234"], out, cache_dir)
     return code, results, out, task
 

@@ -1,7 +1,7 @@
 """The Ray build tier on one machine: a head that grades (``kbench_grade``) and two CPU-only
 nodes that build (``kbench_build``), each node with a build cache of its own (its
 KBENCH_CACHE_DIR), so that what a node loads can only have come through Ray. C++ load_inline
-builds, so the builds are real."""
+builds, so the builds are real; of pybind11 alone (tests/fixtures/ray_*.py): seconds each."""
 
 from __future__ import annotations
 
@@ -10,13 +10,17 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import FIXTURES, by_name, grade, quick_task
 
 ray = pytest.importorskip("ray", reason="the Ray extra: pip install -e '.[ray]'")
 
 NODES = ("head", "build1", "build2")
-CPP_OK = (FIXTURES / "cpu" / "l2norm_cpp_ok.py").read_text()
+CPP_OK = (FIXTURES / "ray_cpp_ok.py").read_text()
+# Fixtures written into a run's folder under their graded names.
+SOURCES = {"l2norm_torch_ok.py": FIXTURES / "cpu" / "l2norm_torch_ok.py",
+           "l2norm_build_error.py": FIXTURES / "ray_build_error.py"}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +42,7 @@ def cluster(tmp_path_factory):
 
 
 def _variant(folder: Path, tag: str) -> Path:
-    """l2norm_cpp_ok as another extension: other code, so another build folder."""
+    """ray_cpp_ok as another extension: other code, so another build folder."""
     path = folder / f"l2norm_cpp_{tag}.py"
     path.write_text(CPP_OK.replace('name="l2norm_cpp"', f'name="l2norm_cpp_{tag}"'))
     return path
@@ -49,7 +53,7 @@ def _subs(folder: Path, tags: list[str], fixtures: list[str]) -> Path:
     for tag in tags:
         _variant(folder, tag)
     for name in fixtures:
-        (folder / name).write_text((FIXTURES / "cpu" / name).read_text())
+        (folder / name).write_text(SOURCES[name].read_text())
     return folder
 
 
@@ -77,14 +81,12 @@ def test_builds_run_on_the_cpu_nodes_and_travel_to_the_grader(cluster, tmp_path,
     _, nodes, caches, _ = cluster
     task = quick_task(tmp_path)
     subs = _subs(tmp_path / "subs", ["a"], ["l2norm_torch_ok.py", "l2norm_build_error.py"])
-    code, local = grade([str(subs), "--task", str(task), "--device", "cpu", "--no-timing",
-                         "--seed", "7"], tmp_path / "local", tmp_path / "local-cache")
-    assert code == 0
     results, output = _ray_grade(subs, task, tmp_path / "ray", capsys)
     verdicts = {n: s["status"] for n, s in by_name(results).items()}
-    assert verdicts == {n: s["status"] for n, s in by_name(local).items()}, output[-4000:]
-    assert verdicts["l2norm_cpp_a"] == "ok"
-    assert verdicts["l2norm_build_error"] == "build_error"
+    # Each verdict named, as a local run of these sources gives them (no local run to compare:
+    # equal to its verdicts, Ray's could be wrong with it).
+    assert verdicts == {"l2norm_cpp_a": "ok", "l2norm_torch_ok": "ok",
+                        "l2norm_build_error": "build_error"}, output[-4000:]
 
     builders = {nodes[n].node_id[:8]: n for n in NODES[1:]}
     where = _where(output)
@@ -110,20 +112,26 @@ def test_a_build_node_killed_mid_build_leaves_its_build_to_the_other(cluster, tm
     ray_cluster, nodes, caches, _ = cluster
     task = quick_task(tmp_path)
     subs = _subs(tmp_path / "subs", ["c"], ["l2norm_torch_ok.py"])
-    before = {n: set((caches[n] / "extensions").glob("build-*")) for n in NODES[1:]}
     killed: list[str] = []
 
     def kill_the_node_that_builds() -> None:
+        """Remove the node whose compiler is at work on l2norm_cpp_c, once it is seen: Ray's
+        nodes, their workers and so their compilers are processes below this one."""
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            for name in NODES[1:]:
-                new = set((caches[name] / "extensions").glob("build-*")) - before[name]
-                if any((folder / "l2norm_cpp_c").exists() for folder in new):
-                    time.sleep(2)  # its compiler is under way
-                    ray_cluster.remove_node(nodes[name])
-                    killed.append(name)
-                    return
-            time.sleep(0.2)
+            for proc in psutil.Process().children(recursive=True):
+                try:
+                    command = " ".join(proc.cmdline())
+                except psutil.Error:
+                    continue
+                if "l2norm_cpp_c/main.cpp" not in command:
+                    continue
+                for name in NODES[1:]:
+                    if f"{caches[name]}/" in command:
+                        ray_cluster.remove_node(nodes[name])
+                        killed.append(name)
+                        return
+            time.sleep(0.1)
 
     killer = threading.Thread(target=kill_the_node_that_builds, daemon=True)
     killer.start()
@@ -133,7 +141,7 @@ def test_a_build_node_killed_mid_build_leaves_its_build_to_the_other(cluster, tm
     other = next(n for n in NODES[1:] if n not in killed)
     assert {s["name"]: s["status"] for s in results["submissions"]} == \
         {"l2norm_cpp_c": "ok", "l2norm_torch_ok": "ok"}, output[-4000:]
-    assert _where(output)["l2norm_cpp_c"] == nodes[other].node_id[:8], output[-4000:]
+    assert _where(output).get("l2norm_cpp_c") == nodes[other].node_id[:8], output[-4000:]
     assert list((caches[other] / "extensions").glob("build-*/l2norm_cpp_c/*.o"))
     graded = re.findall(r"^\[\d+/\d+\] (\S+):", output, re.M)
     assert sorted(graded) == ["l2norm_cpp_c", "l2norm_torch_ok"], output[-4000:]
