@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -20,7 +21,9 @@ from kbench import sandbox
 from kbench.host import proctree
 from kbench.results.store import Store
 
-CPP = FIXTURES / "cpu" / "l2norm_cpp_ok.py"  # a real load_inline build (C++, about 20 s)
+# A real load_inline build of C++ that includes pybind11 alone: about 5 s of compiler CPU time, long
+# enough to be stopped mid-way 2 s in, where torch/extension.h costs some 30 s each time it builds.
+CPP = FIXTURES / "interrupt_cpp_ok.py"
 SLOW = FIXTURES / "slow" / "l2norm_slow_a.py"
 BATON = FIXTURES / "file_baton"  # sitecustomize: torch's lock as it was up to 2.13
 
@@ -93,7 +96,7 @@ def whole(batch, tmp_path_factory) -> tuple[dict[str, tuple], Path]:
     proc = _start(batch, out / "out", out / "cache")
     output = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, output
-    assert "FileBaton: holding" in (out / "out" / "logs" / "l2norm_cpp_ok.build.log").read_text()
+    assert "FileBaton: holding" in (out / "out" / "logs" / f"{CPP.stem}.build.log").read_text()
     verdicts = _verdicts(out / "out")
     assert [v[0] for v in verdicts.values()] == ["ok", "ok"], output
     return verdicts, out / "cache"
@@ -102,6 +105,18 @@ def whole(batch, tmp_path_factory) -> tuple[dict[str, tuple], Path]:
 @pytest.fixture
 def uninterrupted(whole) -> dict[str, tuple]:
     return whole[0]
+
+
+@pytest.fixture
+def built(whole, tmp_path) -> Iterator[Path]:
+    """``whole``'s cache, built, where it was built (torch's build.ninja names its folder, so
+    a copy elsewhere compiles again), put back as it was after the test."""
+    cache = whole[1]
+    kept = tmp_path / "built"
+    shutil.copytree(cache, kept, symlinks=True)
+    yield cache
+    shutil.rmtree(cache)
+    kept.rename(cache)
 
 
 def test_kill_9_mid_build_leaves_a_stale_torch_lock_that_resume_clears(batch, tmp_path,
@@ -123,9 +138,8 @@ def test_kill_9_mid_build_leaves_a_stale_torch_lock_that_resume_clears(batch, tm
 
 
 def test_a_stale_lock_in_a_built_folder_is_cleared_and_the_build_loads(batch, tmp_path,
-                                                                      whole):
-    out, cache = tmp_path / "out", tmp_path / "cache"
-    shutil.copytree(whole[1], cache)  # built, as a finished run leaves it
+                                                                      whole, built):
+    out, cache = tmp_path / "out", built  # built, as a finished run leaves it
     lock = _build_folder(cache) / "lock"
     lock.unlink(missing_ok=True)
     lock.touch()  # a loader killed after its build finished left its lock (as torch <= 2.13)
@@ -133,6 +147,7 @@ def test_a_stale_lock_in_a_built_folder_is_cleared_and_the_build_loads(batch, tm
     output = again.communicate(timeout=400)[0]
     assert again.returncode == 0, output
     assert "removed torch's lock" in output
+    assert "ninja: no work to do" in (out / "logs" / f"{CPP.stem}.build.log").read_text()
     assert _verdicts(out) == whole[0]
 
 
@@ -167,12 +182,11 @@ def test_sigint_during_builds_stops_everything_and_the_printed_resume_works(batc
 
 
 def test_sigterm_while_slots_grade_stores_no_verdict_for_what_it_stopped(batch, tmp_path,
-                                                                         whole):
-    out, cache = tmp_path / "out", tmp_path / "cache"
-    shutil.copytree(whole[1], cache)  # built: the stop comes while a slot grades, not builds
+                                                                         whole, built):
+    out, cache = tmp_path / "out", built  # built: the stop comes while a slot grades, not builds
     proc = _start(batch, out, cache, "--slots", "2")
     end = time.monotonic() + 300
-    while not (out / "logs" / "l2norm_slow_a.run.log").exists():  # a slot is grading
+    while not (out / "logs" / f"{SLOW.stem}.run.log").exists():  # a slot is grading
         assert time.monotonic() < end and proc.poll() is None, proc.communicate()[0]
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
