@@ -14,18 +14,18 @@ def test_a_compiler_error_is_kept_and_compiled_again_when_an_input_changes(tmp_p
     """In a cache of its own, so the first build is one whatever earlier runs kept; the error
     comes before any torch header, so each compile that the test pays for fails at once."""
     cache = tmp_path / "cache"
-    args = [str(FIXTURES / "failed_build_error.py"), "--task", str(quick_task(tmp_path)),
+    args = [str(FIXTURES / "build_error_at_once.py"), "--task", str(quick_task(tmp_path)),
             "--device", "cpu", "--no-timing", "--force"]
-    first = by_name(grade(args, tmp_path / "out", cache)[1])["failed_build_error"]
+    first = by_name(grade(args, tmp_path / "out", cache)[1])["build_error_at_once"]
     assert first["status"] == "build_error" and first["build_s"] > 0
     assert "error: expected" in first["reason"]  # the compiler's own diagnosis
-    again = by_name(grade(args, tmp_path / "out", cache)[1])["failed_build_error"]
+    again = by_name(grade(args, tmp_path / "out", cache)[1])["build_error_at_once"]
     assert again["status"] == "build_error" and again["build_s"] == 0
     assert again["reason"].startswith(first["reason"]) and "kept from" in again["reason"]
     # Another host compiler (or flags): compiled again, and that error kept in turn.
     kept = failed_builds.inputs
     monkeypatch.setattr(failed_builds, "inputs", lambda env: {**kept(env), "cxx": "another"})
-    other = by_name(grade(args, tmp_path / "out", cache)[1])["failed_build_error"]
+    other = by_name(grade(args, tmp_path / "out", cache)[1])["build_error_at_once"]
     assert other["status"] == "build_error" and other["build_s"] > 0
     assert "kept from" not in other["reason"]
 

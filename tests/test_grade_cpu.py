@@ -53,10 +53,10 @@ def run(tmp_path_factory, cache_dir):
     task = quick_task(tmp)
     out = tmp / "reports"
     # The fixture folder with a build error that fails before any header is parsed: a compile
-    # of torch's headers less (test_failed_builds compiles tests/fixtures/cpu's).
+    # of torch's headers less.
     subs = tmp / "cpu"
     shutil.copytree(FIXTURES / "cpu", subs)
-    shutil.copy(FIXTURES / "gradecpu_build_error.py", subs / "l2norm_build_error.py")
+    shutil.copy(FIXTURES / "build_error_at_once.py", subs / "l2norm_build_error.py")
     code, results = grade([str(subs), "--task", str(task), "--device", "cpu",
                            "--jobs", "2", "--seed", "1234"], out, cache_dir)
     return code, results, out, task

@@ -20,7 +20,7 @@ NODES = ("head", "build1", "build2")
 CPP_OK = (FIXTURES / "ray_cpp_ok.py").read_text()
 # Fixtures written into a run's folder under their graded names.
 SOURCES = {"l2norm_torch_ok.py": FIXTURES / "cpu" / "l2norm_torch_ok.py",
-           "l2norm_build_error.py": FIXTURES / "ray_build_error.py"}
+           "l2norm_build_error.py": FIXTURES / "build_error_at_once.py"}
 
 
 @pytest.fixture(scope="module")
