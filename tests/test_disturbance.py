@@ -12,6 +12,7 @@ import time
 import pytest
 from conftest import FIXTURES, ROOT, by_name, quick_task
 
+from kbench.grading.timing import integrity
 from kbench.grading.timing.disturbance import Deferred, Judge
 from kbench.grading.timing.integrity import TimingFlag
 from kbench.host import activity, load
@@ -62,6 +63,38 @@ def test_alone_and_still_disturbed_the_clock_s_flag_stands(tmp_path, monkeypatch
     with judge(tmp_path, monkeypatch, BUSY, final=True) as j, \
             pytest.raises(TimingFlag, match="timed again alone at the end, the host still"):
         j.checked(raising(clock_flag(seen)))
+
+
+def test_alone_and_still_disturbed_a_clock_flag_the_reference_s_stretch_explains_is_a_note(
+        tmp_path, monkeypatch):
+    flag = clock_flag(0.32)
+    flag.load_explains = lambda: "the reference's own calls took 2x its figure"
+    with judge(tmp_path, monkeypatch, BUSY, final=True) as j:
+        j.checked(raising(flag))
+        note = j.record().notes[0]
+    assert "clock check could not tell" in note and "reference's own calls took 2x" in note
+    assert flag.bench.candidate.ci[1] == 0.32  # widened to what the clock saw
+
+
+def test_load_explains_a_clock_flag_only_as_far_as_the_reference_was_stretched():
+    # Beside two busy loops on two cores an honest CPU baseline's passes ran 2.45x its fastest
+    # call (3.11 against 1.268 ms); the reference's stretched alike explains it, a stopwatch
+    # forged to a third under the same stretch does not, nor a reference not timed; on a GPU
+    # never (work queued before the submission was stopped could stretch the reference).
+    ref = Measurement(ms=2.2, ci=[2.1, 2.3], samples=30, host_ms=0.1, fastest_ms=2.0)
+    bench = Benchmark(params={"rows": 8}, dtype="float32", reference=ref)
+    honest, stretched = 1.268, 2.45 * 2.0
+
+    def explains(best: float, explained: float, reference_ms: float | None,
+                 cuda: bool = False) -> str | None:
+        return integrity._reference_inflation(bench, cuda, best, explained, explained,
+                                              reference_ms)
+
+    assert "explains the submission's" in explains(3.11, honest, stretched)
+    assert explains(3.11, honest / 3, stretched) is None  # forged to a third
+    assert explains(3.11, honest, None) is None
+    assert explains(3.11, honest, 2.0) is None  # the reference was not stretched
+    assert explains(3.11, honest, 2.45 * 2.3, cuda=True) is None
 
 
 def test_the_ordering_check_on_a_host_that_stays_busy_is_a_note(tmp_path, monkeypatch):

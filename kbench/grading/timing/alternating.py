@@ -27,6 +27,7 @@ from kbench.shared.protocol import Samples
 # loaded and warmed up on those cases (Channel.warm)
 Warms = list[tuple[Params, protocol.Warm]]
 OpenRounds = Callable[[int, Warms], list[Channel]]
+_REFERENCE_PASSES = 3  # a set, as the submission's clock takes them
 
 
 def fresh_cases(ctx: Context, reference: list[Benchmark]) -> list[int]:
@@ -116,7 +117,8 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
             judge.checked(lambda b=bench, i=i: integrity.trusted_clock(
                 ctx, channel, b, judge.disturbed,
                 lambda calls, passes: _empty_trips(pool, [channel, *beside], i, calls,
-                                                   passes)))
+                                                   passes),
+                lambda calls: _reference_pass(pool, [channel, *beside], i, calls)))
     _speedups(ctx, result, reference, judge)
 
 
@@ -153,6 +155,20 @@ def _empty_trips(pool: ReferencePool, processes: list[Channel], index: int, call
             return trips
     raise Stop(Verdict(Status.INTERNAL_ERROR, "kbench's clock: its empty passes could not be "
                        f"timed in the reference's process ({pool.clock.failure or 'no reason'})"))
+
+
+def _reference_pass(pool: ReferencePool, processes: list[Channel], index: int,
+                    calls: int) -> float | None:
+    """The reference's own ms per call on kbench's clock now, in passes of ``calls`` calls
+    in its clock process (the best with calls less the best without, as the submission's
+    passes are taken) while the submission's processes are stopped; None where it cannot
+    be had."""
+    with _all_frozen(processes):
+        full = pool.clock.empty_trips(index, calls, _REFERENCE_PASSES, empty=False)
+        empty = pool.clock.empty_trips(index, calls, _REFERENCE_PASSES)
+    if not full or not empty:
+        return None
+    return max(0.0, min(full) - min(empty)) * 1e3 / calls
 
 
 @contextlib.contextmanager

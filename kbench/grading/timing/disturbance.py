@@ -3,11 +3,14 @@ the ordering check: kbench.grading.timing.integrity.TimingFlag) raised while the
 by another build or timing of kbench beside it (kbench.host.activity) or by other processes
 keeping cores busy (kbench.host.load), is not final: the submission is graded again alone once
 everything else of the run is done, so that load that passes (builds, other slots' timings)
-convicts nobody. There, the clock's flag stands, busy host or not: no allowance for load can
-be granted safely, because load inflates a forged stopwatch's own figures too: under an
-allowance of 2x for a host that stayed busy, a stopwatch forged to a third was graded ok on a
-CI machine. The ordering check, whose side work is already charged to the call's time,
-becomes a note on a host that stays busy."""
+convicts nobody. There, on a host still busy, the clock's flag stands unless (on a CPU) the
+reference's own calls, timed then on the same clock, were stretched as much
+(kbench.grading.timing.integrity._reference_inflation): a fixed allowance for load cannot be
+granted safely, because load inflates a forged stopwatch's own figures too (under one of 2x,
+a stopwatch forged to a third was graded ok on a CI machine), while a stretch the reference
+shows is the load's. The ordering check, whose side work is already charged to the call's
+time, becomes a note on a host that stays busy. Either way the call's interval is widened to
+what the check saw."""
 
 from __future__ import annotations
 
@@ -94,9 +97,12 @@ class Judge:
         if not self.final:
             raise Deferred(f"{flag.verdict.reason} (while {why})")
         if flag.check == "clock":
-            raise TimingFlag(Verdict(Status.FLAGGED, f"{flag.verdict.reason}; timed again "
-                                     f"alone at the end, the host still disturbed ({why})"),
-                             flag.check, flag.bench, flag.seen_ms, flag.explained_ms)
+            explained = flag.load_explains()
+            if explained is None:
+                raise TimingFlag(Verdict(Status.FLAGGED, f"{flag.verdict.reason}; timed again "
+                                         f"alone at the end, the host still disturbed ({why})"),
+                                 flag.check, flag.bench, flag.seen_ms, flag.explained_ms)
+            why = f"{why}; {explained}"
         self._tolerate(flag, why)
 
     def _tolerate(self, flag: TimingFlag, why: str) -> None:

@@ -73,10 +73,14 @@ class TimingFlag(Stop):
     ``explained_ms``: what the submission's own figures explain of it."""
 
     def __init__(self, verdict: Verdict, check: str, bench: Benchmark,
-                 seen_ms: float | None = None, explained_ms: float | None = None) -> None:
+                 seen_ms: float | None = None, explained_ms: float | None = None,
+                 load_explains: Callable[[], str | None] = lambda: None) -> None:
         super().__init__(verdict)
         self.check, self.bench = check, bench
         self.seen_ms, self.explained_ms = seen_ms, explained_ms
+        # Asked only where the host stayed busy to the end: why that load explains the flag
+        # (see _reference_inflation), or None where it does not.
+        self.load_explains = load_explains
 
 
 def verify(ctx: Context, channel: Channel, params: Params, kept: list[int]) -> None:
@@ -131,7 +135,8 @@ def clocked_calls(ms: float, draw_ms: float) -> int:
 
 def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
                   disturbed: Callable[[], bool] = lambda: False,
-                  kbench_empty: Callable[[int, int], list[float]] = lambda calls, passes: []
+                  kbench_empty: Callable[[int, int], list[float]] = lambda calls, passes: [],
+                  reference_pass: Callable[[int], float | None] = lambda calls: None
                   ) -> None:
     """Time calls on kbench's own clock, where the worker cannot reach: passes of calls back to
     back on fresh input sets (see kbench.worker.kept.clocked), each call followed by a
@@ -145,8 +150,10 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
     the difference; a short empty pass there first gives the input draws' cost (clocked_calls).
     The fastest pass's outputs are verified too. Passes go on until one is explained (an honest
     kernel's first, mostly), two sets of _CLOCKED_PASSES at most; while ``disturbed()`` says
-    the host is disturbed, more sets (_DISTURBED_ROUNDS in all). Eager mode only: a graph
-    replay's figures leave out the per-call dispatch that such a pass includes."""
+    the host is disturbed, more sets (_DISTURBED_ROUNDS in all). A flag carries how to ask
+    whether load explains it (``reference_pass``: the reference's own ms per call on this
+    clock, now; see _reference_inflation). Eager mode only: a graph replay's figures leave
+    out the per-call dispatch that such a pass includes."""
     if ctx.options.timing is not TimingMode.EAGER:
         return
     mine = bench.candidate
@@ -180,7 +187,38 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
                            f"timing explains {explained:.4g} ms ({timed:.4g} ms {what}): "
                            "work was hidden from the stopwatch or the "
                            "stopwatch was tampered with"), "clock", bench,
-                         best - (mine.host_ms or 0.0 if cuda else 0.0), explained)
+                         best - (mine.host_ms or 0.0 if cuda else 0.0), explained,
+                         lambda: _reference_inflation(bench, cuda, best, explained, timed,
+                                                      reference_pass(calls)))
+
+
+def _reference_inflation(bench: Benchmark, cuda: bool, best: float, explained: float,
+                         timed: float, reference_ms: float | None) -> str | None:
+    """Does the host's load explain a clock flag? Load stretches kbench's clock passes over
+    the stopwatch's figures for any code, the reference's too: on a 2-core machine beside
+    two busy loops, honest torch baselines' passes ran 2.5x their fastest timed calls to the
+    end of the run. So the reference's own passes, timed now on the same clock in kbench's
+    process while the submission's are stopped, over the reference's own figure (the same
+    _stopwatch) give the load's stretch; the submission's allowance is stretched by as much.
+    A stopwatch forged to a third stays 3x past it: still flagged. On a CPU only: there the
+    stopped submission cannot run while the reference's passes are timed, where on a GPU
+    work it queued before it was stopped still can, stretching the reference's passes.
+    None where it does not explain the flag, or the reference could not be timed."""
+    ref = bench.reference
+    if cuda or ref is None or reference_ms is None:
+        return None
+    ref_timed, _ = _stopwatch(ref, cuda)
+    ref_explained = ref_timed + (ref.host_ms or 0.0 if cuda else 0.0)
+    if ref_explained <= 0:
+        return None
+    stretch = max(1.0, reference_ms / ref_explained)
+    share, ms = _CLOCK_SLACK["cuda" if cuda else "cpu"]
+    allowed = (explained + share * timed) * stretch + ms
+    if best > allowed:
+        return None
+    return (f"the reference's own calls took {stretch:.3g}x its figure on kbench's clock in "
+            f"the same load ({reference_ms:.4g} ms against {ref_explained:.4g} ms), which "
+            f"explains the submission's {best:.4g} ms (allowed {allowed:.4g} ms)")
 
 
 def _stopwatch(mine: Measurement, cuda: bool) -> tuple[float, str]:

@@ -103,13 +103,16 @@ class ReferenceWorker:
             self.close()
             return None
 
-    def empty_trips(self, index: int, calls: int, passes: int) -> list[float]:
+    def empty_trips(self, index: int, calls: int, passes: int, empty: bool = True
+                    ) -> list[float]:
         """Seconds of ``passes`` round trips of an empty clocked pass of ``calls`` calls at
         benchmark ``index`` (input sets drawn, no call: kbench.worker.serve's ``clocked``),
-        answered by this process, where no candidate runs; none where it cannot be had."""
+        answered by this process, where no candidate runs; none where it cannot be had. Not
+        ``empty``: the reference's own calls in each pass."""
         if self.skips[index] is not None:
             return []
-        ctx, params, stage = self.ctx, self.ctx.benchmarks[index], "kbench's clock, empty passes"
+        ctx, params = self.ctx, self.ctx.benchmarks[index]
+        stage = f"kbench's clock, {'empty' if empty else 'reference'} passes"
         dtype, limit = ctx.task.benchmark_dtype, ctx.task.limits.benchmark_s
         trips = []
         try:
@@ -119,7 +122,7 @@ class ReferenceWorker:
                          limit, stage)
             for _ in range(passes):
                 t0 = time.perf_counter()
-                channel.call(protocol.Clocked(True), limit, stage)
+                channel.call(protocol.Clocked(empty), limit, stage)
                 trips.append(time.perf_counter() - t0)
             channel.call(protocol.Release(), limit, stage)
         except Stop as stop:
