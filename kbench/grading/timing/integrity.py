@@ -207,12 +207,11 @@ def _reference_inflation(bench: Benchmark, cuda: bool, best: float, explained: f
     ref = bench.reference
     if cuda or ref is None or reference_ms is None:
         return None
-    ref_timed, _ = _stopwatch(ref, cuda)
-    ref_explained = ref_timed + (ref.host_ms or 0.0 if cuda else 0.0)
+    ref_explained, _ = _stopwatch(ref, cuda=False)
     if ref_explained <= 0:
         return None
     stretch = max(1.0, reference_ms / ref_explained)
-    share, ms = _CLOCK_SLACK["cuda" if cuda else "cpu"]
+    share, ms = _CLOCK_SLACK["cpu"]
     allowed = (explained + share * timed) * stretch + ms
     if best > allowed:
         return None
