@@ -124,13 +124,15 @@ class Channel:
 
 class Ahead:
     """A worker readied ahead of its turn: started here (its pid known at once, so that it can
-    be frozen), on the spare cores (kbench.grading.context.Spare), and readied by
-    ``steps`` in a thread of its own while this one goes on; ``take`` waits for them and puts
-    it on this thread's cores. A failure is kept and raised by ``take`` as the Stop it was."""
+    be frozen), on the spare cores where the run has them (kbench.grading.context.Spare; else
+    on this thread's), and readied by ``steps`` in a thread of its own while this one goes
+    on; ``take`` waits for them and puts it on this thread's cores. A failure is kept and
+    raised by ``take`` as the Stop it was."""
 
     def __init__(self, ctx: Context, log_name: str, env: dict[str, str],
                  steps: list[Callable[[Channel], object]]) -> None:
-        self.channel = Channel(ctx, log_name, env, ctx.spare.cpus, ctx.spare.nice)
+        self.channel = Channel(ctx, log_name, env, *((ctx.spare.cpus, ctx.spare.nice)
+                                                      if ctx.spare else ()))
         self.done = [threading.Event() for _ in steps]
         self.failure: Stop | None = None
         self.thread = threading.Thread(target=self._ready, args=(steps,), daemon=True)

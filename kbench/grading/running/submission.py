@@ -79,9 +79,6 @@ class Slot:
                 verdict, result.failure = stop.verdict, stop.failure
             except Exception as exc:  # a kbench bug must not end the run or blame the submission
                 verdict = _grader_failed(exc)
-            finally:  # round workers a failing check left unused
-                for r in range(1, ctx.options.rigour.fresh_rounds):
-                    spawn.drop_spare(ctx.logs / _round_log(sub, r))
         elif kb_rules.applies(ctx) and built.verdict is None:  # failed as it loaded
             verdict = self._unloaded(sub, result, verdict)
         verdict = causes.named(ctx, result, verdict)
@@ -121,12 +118,13 @@ class Slot:
                 raise
             differ = weights.differing(ctx, loaded.weights)
             lap("load")
-            self._prestart_rounds(sub, reference)
-            if kb_rules.applies(ctx):
-                self._kernelbench(sub, result, channel, differ, ranks=kernelbench)
-                lap("kernelbench")
+            # readied while it is checked (nothing is timed until timing takes them)
+            rounds = _rounds_ahead(ctx, sub, reference, result)
             kernels = _kernels_ahead(ctx, sub, result)
             try:
+                if kb_rules.applies(ctx):
+                    self._kernelbench(sub, result, channel, differ, ranks=kernelbench)
+                    lap("kernelbench")
                 if not kernelbench:
                     try:
                         returned = correctness.check(ctx, channel, sub, result)
@@ -136,7 +134,7 @@ class Slot:
                     correctness.recheck(ctx, sub, returned)
                     lap("correctness")
                 if ctx.options.timed:
-                    self._time(sub, channel, result, reference, judge, kernels)
+                    self._time(channel, result, reference, judge, kernels, rounds)
                     lap("timing")
                     self._prestart()
                 # What ran is profiled where the report shows it (a timed run) or a policy
@@ -145,19 +143,18 @@ class Slot:
                     custom_kernels.measure(ctx, _profiling(kernels, channel), result,
                                            _profiled_sizes(ctx, reference))
                     lap("kernels")
-            finally:
-                if kernels is not None:
-                    kernels.close()
+            finally:  # those a failing check left unused, and the profiling one
+                _close([*rounds, *([kernels] if kernels is not None else [])])
 
-    def _time(self, sub: Submission, channel: Channel, result: SubmissionResult,
-              reference: list[Benchmark], judge: Judge, kernels: Ahead | None) -> None:
+    def _time(self, channel: Channel, result: SubmissionResult, reference: list[Benchmark],
+              judge: Judge, kernels: Ahead | None, rounds: list[Ahead]) -> None:
         if kernels is not None:
             kernels.wait(0)  # its model built: no device work of its own beside the timing
         with judge:
             try:
                 alternating.time_submission(
                     self.ctx, channel, result, reference, self.pool,
-                    lambda rounds, warms: self._round_channels(sub, rounds, warms, result), judge,
+                    lambda count, warms: _taken(rounds), judge,
                     [kernels.channel] if kernels is not None else [])
             finally:
                 result.timed_beside = judge.record()
@@ -189,45 +186,44 @@ class Slot:
         result.logs.append(str(self.ctx.logs / log))
         return Channel(self.ctx, log, build.env(self.ctx, sub))
 
-    def _prestart_rounds(self, sub: Submission, reference: list[Benchmark]) -> None:
-        """Where the submission will take fresh-process rounds, their workers started now
-        (kbench.host.spawn.prestart): torch's import and the CUDA context overlap the checks
-        before timing, none of which is timed. Those a failing check leaves unused end with
-        the submission (evaluate)."""
-        ctx = self.ctx
-        if ctx.options.timed and alternating.fresh_cases(ctx, reference):
-            for r in range(1, ctx.options.rigour.fresh_rounds):
-                spawn.prestart(ctx.logs / _round_log(sub, r), build.env(ctx, sub),
-                               ctx.device.type, _spare(ctx))
 
-    def _round_channels(self, sub: Submission, rounds: int, warms: alternating.Warms,
-                        result: SubmissionResult) -> list[Channel]:
-        """New processes for rounds 1 to ``rounds - 1`` of the submission's launch-bound
-        cases (kbench.grading.timing.alternating), loaded side by side from the warm build
-        cache and each warmed up on those cases (``warms``); none is left open if one
-        fails."""
-        ctx = self.ctx
-        channels: list[Channel] = []
-        spec = ctx.load_spec()  # here, not in the threads (Channel.load)
+def _rounds_ahead(ctx: Context, sub: Submission, reference: list[Benchmark],
+                  result: SubmissionResult) -> list[Ahead]:
+    """Where the submission will take fresh-process rounds (kbench.grading.timing.alternating),
+    the processes for rounds 2 to n, readied now while it is checked: each loaded from the
+    warm build cache and warmed up on the launch-bound cases, so that timing waits for none
+    of that (it took 4-5 of an l2norm submission's 14 timing seconds on an H200 when they
+    were loaded at timing's start). On the spare cores where the run has them; else beside
+    the checks, which nothing times. None where the run is untimed or no case is
+    launch-bound."""
+    fresh = alternating.fresh_cases(ctx, reference) if ctx.options.timed else []
+    if not fresh:
+        return []
+    spec = ctx.load_spec()  # here, not in the threads (Channel.load)
+    warms = [(reference[i].params, ctx.warm_request(reference[i].params)) for i in fresh]
+    rounds = []
+    for r in range(1, ctx.options.rigour.fresh_rounds):
+        log = _round_log(sub, r)
+        result.logs.append(str(ctx.logs / log))
+        rounds.append(Ahead(ctx, log, build.env(ctx, sub), [
+            lambda channel, r=r: channel.load(sub, instantiate=True, spec=spec,
+                                              stage=f"load (timing round {r + 1})"),
+            lambda channel: [channel.warm(params, request) for params, request in warms]]))
+    return rounds
 
-        def ready(channel: Channel, r: int) -> None:
-            channel.load(sub, instantiate=True, spec=spec, stage=f"load (timing round {r})")
-            for params, request in warms:
-                channel.warm(params, request)
 
-        try:
-            for r in range(1, rounds):
-                result.logs.append(str(ctx.logs / _round_log(sub, r)))
-                channels.append(Channel(ctx, _round_log(sub, r), build.env(ctx, sub)))
-            with ThreadPoolExecutor(max(1, len(channels))) as loading:
-                loads = [loading.submit(ready, c, r) for r, c in enumerate(channels, start=2)]
-            for load in loads:
-                load.result()  # the first round's failure, in round order
-        except BaseException:
-            for channel in channels:
-                channel.close()
-            raise
-        return channels
+def _close(aheads: list[Ahead]) -> None:
+    """Side by side (each waits for its CUDA context's end); a round process timing took is
+    closed already, and closing it again does nothing."""
+    if aheads:
+        with ThreadPoolExecutor(len(aheads)) as closing:
+            list(closing.map(Ahead.close, aheads))
+
+
+def _taken(rounds: list[Ahead]) -> list[Channel]:
+    """The readied round processes, once each is ready; the first failure in round order
+    (none is left open then: the rest are closed with the submission)."""
+    return [ahead.take() for ahead in rounds]
 
 
 def _kernels_ahead(ctx: Context, sub: Submission, result: SubmissionResult) -> Ahead | None:

@@ -23,8 +23,8 @@ from kbench.results.verdict import Status, Verdict
 from kbench.shared import protocol
 from kbench.shared.protocol import Samples
 
-# (rounds, warm-ups) -> new processes of the submission for rounds 1 to rounds - 1, each
-# loaded and warmed up on those cases (Channel.warm)
+# (rounds, warm-ups) -> the submission's processes for rounds 1 to rounds - 1, each loaded
+# and warmed up on those cases (Channel.warm)
 Warms = list[tuple[Params, protocol.Warm]]
 OpenRounds = Callable[[int, Warms], list[Channel]]
 _REFERENCE_PASSES = 3  # a set, as the submission's clock takes them
@@ -52,9 +52,9 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
     speedup of 10 us calls unless the rounds sample many processes. Those cases go first,
     round by round, so that a round costs one new process per side; the first is the
     submission's own process, where kbench's clock runs later. The other rounds' processes
-    are loaded side by side before the first round (their start overlapped the checks before
-    timing: kbench.grading.running.submission) and warmed up on those cases as they open, as
-    the reference's are, so that no round waits for a first warm-up; they stay open, and
+    (``open_rounds``) were loaded and warmed up on those cases while the submission was
+    checked (kbench.grading.running.submission), as the reference's are as they open, so
+    that no round waits for a load or a first warm-up; they stay open, and
     stopped whenever the reference runs, until the last of those rounds. Every process of
     the submission (``beside`` too: others it has open meanwhile) is stopped while the
     reference runs. The checks that host load can fool go through ``judge``
