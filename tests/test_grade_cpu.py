@@ -234,7 +234,7 @@ def test_launch_bound_shapes_take_each_round_in_a_process_of_its_own(tmp_path, c
     monkeypatch.setenv("ROUND_MARKERS", str(markers))
     monkeypatch.setenv("ROUND_PROCESSES", "8")
     out = tmp_path / "out"
-    code, results = grade([str(FIXTURES / "cpu" / "l2norm_waits_for_its_rounds.py"), "--task",
+    code, results = grade([str(FIXTURES / "ready" / "l2norm_waits_for_peers.py"), "--task",
                            str(task), "--device", "cpu", "--seed", "5"], out, cache_dir)
     sub = results["submissions"][0]
     assert code == 0 and sub["status"] == "ok" and sub["speedup"] > 0, sub["reason"]
@@ -243,7 +243,7 @@ def test_launch_bound_shapes_take_each_round_in_a_process_of_its_own(tmp_path, c
     # pass's noise can exceed the calls (seen in a clean-clone CI run), so only >= 0 holds.
     assert sub["benchmarks"][0]["candidate"]["trusted_ms"] >= 0
     logs = sorted(p.name for p in (out / "logs").glob("*.round*"))
-    name = "l2norm_waits_for_its_rounds"
+    name = "l2norm_waits_for_peers"
     assert logs == sorted([f"{name}.round{r}.log" for r in range(2, 9)]
                           + [f"l2norm.reference.round{r}.run.log" for r in range(2, 9)])
     assert str(out / "logs" / f"{name}.round8.log") in sub["logs"]
