@@ -12,7 +12,8 @@ the folder bench/real_batch.py lays out (W/subs). Each build imports the file in
 process with an empty TORCH_EXTENSIONS_DIR, as build_phases.py does; its CPU seconds are those
 of the process and every compiler it waited for (wait4's rusage). In kbench mode the headers are
 built first (their seconds are printed apart) in --cache, and files of the same code are built
-once. Several --concurrency and --jobs values run every combination, one after another.
+once. Several --concurrency and --jobs values run every combination, one after another;
+--settings names the combinations instead (plain:16:1 plain:8:2 kbench:16:1).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Build:
     wall_s: float
     cpu_s: float
     steps: dict[str, float]  # ninja's seconds per kind of step: cpp, cu, link
+    done_s: float = 0.0  # since its configuration began: the first one's is the first wait
 
 
 @dataclass
@@ -71,12 +73,13 @@ class Config:
                 f"{len(done) / self.wall_s:.2f}" if self.wall_s else "-", f"{cpu:.1f}",
                 f"{per_sub:.1f}",
                 f"{statistics.median(b.wall_s for b in done):.0f}" if done else "-",
-                share, f"{self.header_s:.0f} ({self.header_cpu_s:.0f} CPU-s)"]
+                f"{min(b.done_s for b in done):.0f}" if done else "-", share,
+                f"{self.header_s:.0f} ({self.header_cpu_s:.0f} CPU-s)"]
 
 
 HEAD = ["mode", "at once", "MAX_JOBS", "submissions", "builds", "wall s", "builds/s",
         "CPU-s/build", "CPU-s/submission (headers incl.)", "median build s",
-        "cpp / cu / link (ninja s)", "headers s"]
+        "first build done s", "cpp / cu / link (ninja s)", "headers s"]
 
 
 def samples(paths: list[Path], first: int | None) -> list[Path]:
@@ -144,6 +147,7 @@ def run(paths: list[Path], mode: str, concurrency: int, jobs: int, cache: Path) 
 
         def one(path: Path) -> None:
             built = build_one(path, env, Path(tmp))
+            built.done_s = time.perf_counter() - start
             with lock:
                 config.builds.append(built)
                 print(f"  {len(config.builds)}/{len(todo)} {Path(built.path).name}: "
@@ -163,27 +167,37 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[os.cpu_count() or 1])
     parser.add_argument("--jobs", type=int, nargs="+", default=[2], help="MAX_JOBS per build")
     parser.add_argument("--mode", nargs="+", choices=("plain", "kbench"), default=["plain"])
+    parser.add_argument("--settings", nargs="+", metavar="MODE:AT_ONCE:JOBS",
+                        help="these settings only (plain:16:1 kbench:8:2 ...), in this order, "
+                        "in place of every combination of --mode, --concurrency and --jobs")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "bc-cache",
                         help="kbench mode's headers (kept between configurations)")
     parser.add_argument("--json", type=Path, help="write every build's figures here")
     args = parser.parse_args()
     paths = samples(args.paths, args.first)
+    try:
+        settings = [(m, int(c), int(j)) for m, c, j in (s.split(":") for s in args.settings)] \
+            if args.settings else [(m, c, j) for m in args.mode for c in args.concurrency
+                                   for j in args.jobs]
+    except ValueError:
+        parser.error("--settings: expected MODE:AT_ONCE:JOBS, say plain:16:1")
+    if any(m not in ("plain", "kbench") or c < 1 or j < 1 for m, c, j in settings):
+        parser.error("--settings: MODE is plain or kbench, AT_ONCE and JOBS at least 1")
     configs = []
-    for mode in args.mode:
-        for concurrency in args.concurrency:
-            for jobs in args.jobs:
-                print(f"{mode}: {len(paths)} submission(s), {concurrency} at once, "
-                      f"MAX_JOBS={jobs}", flush=True)
-                configs.append(run(paths, mode, concurrency, jobs, args.cache))
-                if configs[-1].note:
-                    print("  " + configs[-1].note, flush=True)
+    for mode, concurrency, jobs in settings:
+        print(f"{mode}: {len(paths)} submission(s), {concurrency} at once, MAX_JOBS={jobs}",
+              flush=True)
+        configs.append(run(paths, mode, concurrency, jobs, args.cache))
+        print("  | " + " | ".join(configs[-1].row()) + " |", flush=True)
+        if configs[-1].note:
+            print("  " + configs[-1].note, flush=True)
+        if args.json:  # after each: a sweep stopped midway keeps what it measured
+            args.json.write_text(json.dumps([asdict(c) for c in configs], indent=1))
     print(f"\nhost: {os.cpu_count()} logical cores; torch "
           f"{__import__('torch').__version__}")
     print("| " + " | ".join(HEAD) + " |\n|" + "---|" * len(HEAD))
     for config in configs:
         print("| " + " | ".join(config.row()) + " |")
-    if args.json:
-        args.json.write_text(json.dumps([asdict(c) for c in configs], indent=1))
     return 0
 
 

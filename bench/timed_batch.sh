@@ -34,6 +34,10 @@
 #                                       into $W/base-PROFILE; then kbench compare of that run
 #                                       and this tree's bundled-PROFILE
 #   bench/timed_batch.sh starts         what one worker's start costs (bench/worker_start.py)
+#   bench/timed_batch.sh builds SETTING...
+#                                       bench/build_cost.py on the first BUILDS (16) level-1
+#                                       samples, cold, at each MODE:AT_ONCE:JOBS SETTING
+#                                       (plain:16:1 kbench:16:1 ...), figures after each
 #   bench/timed_batch.sh serve [CLIENTS] the first FIRST level-1 samples sent to kbench serve
 #                                       by CLIENTS (8) clients, then kbench grade of them, each
 #                                       cold, --profile quick (bench/serve_batch.py)
@@ -159,6 +163,13 @@ base)
     python3 -m kbench compare $W/base-$profile/results.json $W/bundled-$profile/results.json \
         2>&1 | tee "$OUT/compare-base-$profile.txt" | tail -40
     ;;
+builds)
+    shift
+    laid_out
+    timeout "$(left 10)" python3 bench/build_cost.py $W/subs/level1 --first "${BUILDS:-16}" \
+        --settings "$@" --cache /tmp/bc-cache --json "$OUT/build_cost.json" 2>&1 \
+        | tee "$OUT/build_cost.log" | grep -v "^  [0-9]*/"
+    ;;
 starts)
     python3 bench/worker_start.py --device cuda --json "$OUT/starts.json"
     ;;
@@ -182,22 +193,23 @@ yaml.safe_dump(t, open('$task', 'w'))" "$SIZES" || exit 1
     fi
     files=(kbench/submissions/l2norm_v[3-8].py tests/fixtures/cpu_timing/l2norm_tampers_stopwatch.py
            tests/fixtures/cpu_timing/l2norm_pads_empty_pass.py tests/fixtures/gpu_timing/*.py)
+    cache=${CACHE:-/tmp/ulc}  # CACHE: an earlier step's build cache (l2norm v3-v8 built there)
     timeout "$(left 400)" python3 -m kbench grade "${files[@]}" --task $task --no-timing \
-        --cache-dir /tmp/ulc --out /tmp/ulc-warm > "$OUT/load-warm.log" 2>&1
+        --cache-dir "$cache" --out /tmp/ulc-warm > "$OUT/load-warm.log" 2>&1
     busy=$(( 2 * $(nproc) / $# ))
     for gpu in "$@"; do
         CUDA_VISIBLE_DEVICES=$gpu timeout "$(left 15)" python3 bench/under_load.py "${files[@]}" \
             --device cuda --runs "${RUNS:-1}" --phases load --busy $busy -- --task $task \
             --profile quick \
-            --cache-dir /tmp/ulc > "$OUT/load-gpu$gpu.log" 2>&1 &
+            --cache-dir "$cache" > "$OUT/load-gpu$gpu.log" 2>&1 &
     done
     wait
     tail -n 25 "$OUT"/load-gpu*.log
     ;;
 *)
     echo "usage: $0 cold [resume] | kb | again NAME [beside] | compare A B | load GPU... |" \
-        "few PROBLEM... | bundled PROFILE [CACHE] | base PROFILE [CACHE] | starts |" \
-        "serve [CLIENTS]" >&2
+        "few PROBLEM... | bundled PROFILE [CACHE] | base PROFILE [CACHE] | builds SETTING... |" \
+        "starts | serve [CLIENTS]" >&2
     exit 2
     ;;
 esac
