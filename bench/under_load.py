@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,11 +132,14 @@ def grade(paths: list[str], args: argparse.Namespace, out: Path, cache: Path, se
 
 
 def _figures(sub: dict) -> str:
-    """A result's speedup with its interval, or why it has none, for the per-run lines."""
+    """A result's speedup with its interval, or why it has none, and its timing's seconds
+    (the budget a disturbed host's timing is held to), for the per-run lines."""
+    timing = (sub.get("stage_s") or {}).get("timing")
+    took = f" (timed in {timing:.0f} s)" if timing is not None else ""
     if sub["speedup"]:
         low, high = sub["speedup_ci"] or (sub["speedup"], sub["speedup"])
-        return f"{sub['speedup']:.3f}x [{low:.3f}-{high:.3f}]"
-    return f"({sub['reason'][:160]})" if sub["reason"] else ""
+        return f"{sub['speedup']:.3f}x [{low:.3f}-{high:.3f}]{took}"
+    return f"({sub['reason'][:160]}){took}" if sub["reason"] else took
 
 
 def compare(seen: dict[str, dict[str, list[dict]]], honest: bool = False, same: bool = False
@@ -212,12 +216,14 @@ def main() -> int:
         for run in range(args.runs):
             seed = secrets.randbits(31)
             for phase in args.phases:
+                start = time.monotonic()
                 with busy(args.busy if phase == "load" else 0, args.kind, args.nice):
                     subs = grade(paths, args, scratch_dir / "out", scratch_dir / "cache",
                                  seed, task)
                 for name, sub in subs.items():
                     seen[name][phase].append(sub)
-                print(f"run {run + 1}/{args.runs} {phase} (seed {seed}): " + ", ".join(
+                print(f"run {run + 1}/{args.runs} {phase} (seed {seed}, "
+                      f"{time.monotonic() - start:.0f} s): " + ", ".join(
                     f"{n} {s['status']} {_figures(s)}" for n, s in sorted(subs.items())),
                       flush=True)
     lines, problems = compare(seen, args.honest, args.same)

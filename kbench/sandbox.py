@@ -112,6 +112,8 @@ class Sandbox:
         # Strays that appear later are this worker's (frozen); on the clock psutil reads.
         self.started = _created(self.proc.pid)
         self.freezes = 0  # frozen blocks open on it
+        self.frozen_s = 0.0  # seconds it has spent frozen, the open block's excluded
+        self.frozen_since = 0.0
 
     def place(self, cpus: tuple[int, ...]) -> None:
         """The worker on ``cpus`` from now on (one prepared on spare cores, taking its turn)."""
@@ -141,7 +143,8 @@ class Sandbox:
         except OSError:
             self._raise_if_dead(wait=True)
             raise SandboxFailure(Fate.CRASHED, "the worker closed its channel") from None
-        deadline = time.monotonic() + timeout
+        # kbench holding it stopped (frozen, from another thread) is not the worker's time
+        deadline, paused = time.monotonic() + timeout, self.frozen_s
         checked = 0.0
         while not self.conn.poll(_POLL_S):
             self._raise_if_dead()
@@ -149,7 +152,7 @@ class Sandbox:
             if time.monotonic() - checked > _LIMITS_S:
                 self._enforce_limits()
                 checked = time.monotonic()
-            if time.monotonic() > deadline:
+            if not self.freezes and time.monotonic() > deadline + self.frozen_s - paused:
                 self.kill()
                 raise SandboxFailure(Fate.TIMEOUT, f"no answer within {timeout:g} s (the task's "
                                      "limits set this)")
@@ -224,6 +227,8 @@ class Sandbox:
         left before every thread of each is seen stopped (a thread still running could stop
         the reference after it was continued)."""
         stopped: dict[int, psutil.Process] = {}
+        if not self.freezes:
+            self.frozen_since = time.monotonic()
         self.freezes += 1  # no request of another thread continues it meanwhile
         try:
             for _ in range(5):
@@ -246,6 +251,8 @@ class Sandbox:
                 with contextlib.suppress(psutil.Error):
                     proc.resume()
             self.freezes -= 1
+            if not self.freezes:
+                self.frozen_s += time.monotonic() - self.frozen_since
 
     def kill(self) -> None:
         """Kill the worker's process group and every descendant that left it. The worker is

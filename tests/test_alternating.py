@@ -93,7 +93,7 @@ def _time(monkeypatch, processes: list[_Process], fail_round: int | None = None)
                            copy_gbps=None, failures=lambda: set(), ready=ready)
     result = SimpleNamespace(benchmarks=[], timing_s={}, flags=[])
     judge = SimpleNamespace(checked=lambda check: check(), disturbed=lambda: False)
-    alternating.time_submission(ctx, main, result, reference, pool, open_rounds, judge, [])
+    alternating.time_submission(ctx, main, result, reference, pool, open_rounds, judge)
     return events[1:]
 
 
@@ -200,3 +200,46 @@ def test_each_round_stops_at_the_target_times_the_root_of_the_rounds():
         assert fresh.budget_ms == pytest.approx(one.budget_ms / rounds)
         assert one.target_ci == pytest.approx(task.timing["cuda"].target_ci
                                               * RIGOUR[profile].target_ci)
+
+
+class _Readied:
+    """kbench's own work readied beside a submission (a profiling process, a torch.compile
+    baseline): records when it is stopped and continued."""
+
+    def __init__(self, name: str, events: list) -> None:
+        self.name, self.events = name, events
+
+    @contextlib.contextmanager
+    def frozen(self):
+        self.events.append(("stopped", self.name))
+        yield
+        self.events.append(("continued", self.name))
+
+
+def test_kbench_s_readied_work_is_stopped_for_the_whole_of_a_submission_s_timing(monkeypatch):
+    # On an H200 the torch.compile baseline's autotuning and the profiler's start, readied
+    # beside the timing, ran 3.8-4.5x into honest baselines' clocked passes: flagged.
+    from kbench.grading.running.submission import Slot
+
+    events: list = []
+    kernels = SimpleNamespace(channel=_Readied("kernels", events),
+                              wait=lambda step: events.append(("built", step)))
+    monkeypatch.setattr(alternating, "time_submission",
+                        lambda *args: events.append(("timed",)))
+
+    class Judge:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def record(self):
+            return {"busy": 0}
+
+    slot = Slot(None, None, None, readied=lambda: [_Readied("compile", events)])
+    result = SimpleNamespace()
+    slot._time(None, result, [], Judge(), kernels, [])
+    assert events == [("built", 0), ("stopped", "compile"), ("stopped", "kernels"),
+                      ("timed",), ("continued", "kernels"), ("continued", "compile")]
+    assert result.timed_beside == {"busy": 0}

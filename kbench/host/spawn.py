@@ -40,7 +40,8 @@ from kbench.host import interrupt, proctree
 # Read by a worker after it starts (by torch's extension builder, the kernel languages'
 # caches, kbench's own wrappers), never at torch's import: a zygote serves workers whose
 # environments differ only here.
-PER_WORKER = frozenset({"TORCH_EXTENSIONS_DIR", "MAX_JOBS", "TRITON_CACHE_DIR", "HOME",
+PER_WORKER = frozenset({"TORCH_EXTENSIONS_DIR", "MAX_JOBS", "TRITON_CACHE_DIR",
+                        "TORCHINDUCTOR_CACHE_DIR", "HOME",
                         "XDG_CACHE_HOME", "KBENCH_PREBUILT", "CXX", "TORCH_CUDA_ARCH_LIST",
                         "CPATH", "LIBRARY_PATH", proctree.MARK})
 _READY_WAIT_S = 120.0  # a zygote that has not imported torch by then is given up

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from kbench.grading.building.build import Built
 from kbench.grading.building.watch import Watcher
+from kbench.grading.channel import Channel
 from kbench.grading.context import Context
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import TimingMode
@@ -72,7 +73,7 @@ class OpenProblem:
         if self.reference is None and self.ctx.options.timed and _runnable(self.ctx, job, built):
             self._time_reference(sink)
         self.watcher.for_task(self.ctx)
-        slot = Slot(self.ctx, self.watcher, self.pool)
+        slot = Slot(self.ctx, self.watcher, self.pool, self._readied)
         result = slot.evaluate(job.submission(), built, self.reference or [], upcoming,
                                can_defer=defer is not None, retimed=job.retimed)
         if result is None:
@@ -82,6 +83,12 @@ class OpenProblem:
         if any(b.candidate for b in result.benchmarks):
             self.timed = True
             self.graded.append(result)
+
+    def _readied(self) -> list[Channel]:
+        """The torch.compile baseline's process while it is readied ahead (its compiling and
+        autotuning run on the device)."""
+        ahead = self.compiling.ahead if self.compiling is not None else None
+        return [ahead.channel] if ahead is not None else []
 
     def close(self, sink: Sink) -> None:
         """Its processes ended, the reference timed again first where a submission was timed

@@ -43,7 +43,7 @@ def fresh_cases(ctx: Context, reference: list[Benchmark]) -> list[int]:
 
 def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
                     reference: list[Benchmark], pool: ReferencePool,
-                    open_rounds: OpenRounds, judge: Judge, beside: list[Channel]) -> None:
+                    open_rounds: OpenRounds, judge: Judge) -> None:
     """Each case in rounds, alternating with the reference's. Cases whose reference ran
     under the task's ``fresh_rounds_below_ms`` at the start take the profile's fresh rounds
     (kbench.grading.options.Rigour), every
@@ -54,10 +54,10 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
     submission's own process, where kbench's clock runs later. The other rounds' processes
     (``open_rounds``) were loaded and warmed up on those cases while the submission was
     checked (kbench.grading.running.submission), as the reference's are as they open, so
-    that no round waits for a load or a first warm-up; they stay open, and
-    stopped whenever the reference runs, until the last of those rounds. Every process of
-    the submission (``beside`` too: others it has open meanwhile) is stopped while the
-    reference runs. The checks that host load can fool go through ``judge``
+    that no round waits for a load or a first warm-up; they stay open, and stopped whenever
+    the reference runs, until the last of those rounds. Every process of the submission is
+    stopped while the reference runs (kbench's own work readied beside it is stopped by the
+    caller for the whole timing). The checks that host load can fool go through ``judge``
     (kbench.grading.timing.disturbance); the seconds of each part go to ``timing_s``."""
     mine: dict[int, list[Samples]] = {}  # per timed case, the submission's rounds
     theirs: dict[int, list[Samples | None]] = {}  # and the reference's
@@ -74,7 +74,7 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
 
     def one_round(i: int, process: Channel, worker: ReferenceWorker, count: int) -> None:
         params = reference[i].params
-        with part("reference"), _all_frozen(processes + beside):  # none of it runs
+        with part("reference"), all_frozen(processes):  # none of it runs
             theirs[i].append(worker.samples(i, params, count))
         with part("rounds"):
             mine[i].append(process.samples(params, count, keep=True))
@@ -83,7 +83,7 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
 
     # each fresh-round process's first warm-up of those cases, done as it opens, side by side
     warms = [(reference[i].params, ctx.warm_request(reference[i].params)) for i in fresh]
-    with part("reference processes"), _all_frozen(processes + beside):  # opened, if not yet
+    with part("reference processes"), all_frozen(processes):  # opened, if not yet
         pool.ready(warms, eager=ctx.options.timing is TimingMode.EAGER)
     if fresh:
         with part("fresh processes"):
@@ -116,9 +116,8 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
         with part("clock"):
             judge.checked(lambda b=bench, i=i: integrity.trusted_clock(
                 ctx, channel, b, judge.disturbed,
-                lambda calls, passes: _empty_trips(pool, [channel, *beside], i, calls,
-                                                   passes),
-                lambda calls: _reference_pass(pool, [channel, *beside], i, calls)))
+                lambda calls, passes: _empty_trips(pool, [channel], i, calls, passes),
+                lambda calls: _reference_pass(pool, [channel], i, calls)))
     _speedups(ctx, result, reference, judge)
 
 
@@ -149,7 +148,7 @@ def _empty_trips(pool: ReferencePool, processes: list[Channel], index: int, call
     fails, once more in a new one; then kbench's own failure: the clock would otherwise
     subtract the submission's own empty passes, which it can pad."""
     for _ in range(2):
-        with _all_frozen(processes):
+        with all_frozen(processes):
             trips = pool.clock.empty_trips(index, calls, passes)
         if trips or pool.clock.skips[index] is not None:  # skipped: no speedup to trust
             return trips
@@ -163,7 +162,7 @@ def _reference_pass(pool: ReferencePool, processes: list[Channel], index: int,
     in its clock process (the best with calls less the best without, as the submission's
     passes are taken) while the submission's processes are stopped; None where it cannot
     be had."""
-    with _all_frozen(processes):
+    with all_frozen(processes):
         full = pool.clock.empty_trips(index, calls, _REFERENCE_PASSES, empty=False)
         empty = pool.clock.empty_trips(index, calls, _REFERENCE_PASSES)
     if not full or not empty:
@@ -172,7 +171,7 @@ def _reference_pass(pool: ReferencePool, processes: list[Channel], index: int,
 
 
 @contextlib.contextmanager
-def _all_frozen(processes: Iterable[Channel]) -> Iterator[None]:
+def all_frozen(processes: Iterable[Channel]) -> Iterator[None]:
     """Each of ``processes`` stopped meanwhile (kbench.sandbox.Sandbox.frozen)."""
     with contextlib.ExitStack() as stack:
         for process in processes:

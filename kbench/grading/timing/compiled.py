@@ -31,9 +31,17 @@ class Compiled:
             return
         spec = ctx.load_spec()  # here: it binds the problem's sizes (see Channel.load)
         warms = [self._warm(i) for i, skip in enumerate(self.skips) if skip is None]
-        self.ahead = Ahead(ctx, f"{self.log}.compile.run.log", child_env({}), [
+        self.ahead = Ahead(ctx, f"{self.log}.compile.run.log", self._env(), [
             lambda channel: channel.load(ctx.reference_file, True, "Model", compile=True,
                                          spec=spec), *warms])
+
+    def _env(self) -> dict[str, str]:
+        """Compiler caches of its own (kept for the problem's next run): readied ahead, the
+        process is stopped while a submission is timed, and must not hold a lock of the
+        caches a submission's own torch.compile or Triton uses then."""
+        caches = self.ctx.options.cache_dir / "torch-compile" / self.log
+        return child_env({"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+                          "TRITON_CACHE_DIR": str(caches / "triton")})
 
     def _warm(self, index: int):
         ctx = self.ctx
@@ -53,7 +61,7 @@ class Compiled:
                 ahead, self.ahead = self.ahead, None
                 channel = ahead.take()
             else:
-                channel = Channel(ctx, f"{self.log}.compile.run.log", child_env({}))
+                channel = Channel(ctx, f"{self.log}.compile.run.log", self._env())
                 channel.load(ctx.reference_file, True, "Model", compile=True)
             for i, params in enumerate(ctx.benchmarks):
                 if self.skips[i] is None:
