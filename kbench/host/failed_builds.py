@@ -19,6 +19,7 @@ from pathlib import Path
 from kbench.results.verdict import Status, Verdict
 
 RECORD = "kbench-build-failed.json"
+_LOG = "kbench-build-failed.log"  # the failing build's log, for the runs that reuse it
 _DIAGNOSIS = re.compile(r"ptxas (?:fatal|error)|nvcc fatal|fatal error|\berror\b\s*(?:[A-Z]+\d+"
                         r"\s*)?:|undefined (?:reference|symbol)", re.IGNORECASE)
 _MACHINE = re.compile(r"killed|signal|no space left|cannot allocate|out of memory|"
@@ -38,25 +39,37 @@ def inputs(env: dict[str, str]) -> dict[str, str]:
             "cpath": env.get("CPATH", ""), "library_path": env.get("LIBRARY_PATH", "")}
 
 
-def kept(folder: Path, env: dict[str, str]) -> Verdict | None:
-    """The failure this folder's last build kept, where it was built from the same inputs."""
+def kept(folder: Path, env: dict[str, str], log: Path) -> Verdict | None:
+    """The failure this folder's last build kept, where it was built from the same inputs;
+    its compiler output written to ``log`` (this run's build log, which the reports name)."""
     try:
         record = json.loads((folder / RECORD).read_text())
     except (OSError, ValueError):
         return None
     if record.get("inputs") != inputs(env) or record.get("status") != Status.BUILD_ERROR.value:
         return None
+    try:
+        output = (folder / _LOG).read_text(errors="replace")
+    except OSError:
+        output = "(its output was not kept)\n"
+    log.write_text("kbench: this build failed before with the same code, flags and toolchain, "
+                   "and is not compiled again; its output then:\n\n" + output)
     return Verdict(Status.BUILD_ERROR, f"{record.get('reason', '')} (kept from the same "
                    "code's build with this toolchain: not compiled again)")
 
 
-def keep(folder: Path, env: dict[str, str], verdict: Verdict | None) -> None:
-    """After a build: its failure kept where it is a compiler's diagnosis, and an older record
-    dropped where it built (or failed otherwise)."""
+def keep(folder: Path, env: dict[str, str], verdict: Verdict | None, log: Path) -> None:
+    """After a build (its output in ``log``): its failure kept where it is a compiler's
+    diagnosis, and an older record dropped where it built (or failed otherwise)."""
     record = folder / RECORD
     if verdict is None or not deterministic(verdict):
         record.unlink(missing_ok=True)
+        (folder / _LOG).unlink(missing_ok=True)
         return
+    try:
+        shutil.copyfile(log, folder / _LOG)
+    except OSError:
+        (folder / _LOG).unlink(missing_ok=True)
     record.write_text(json.dumps({"status": verdict.status.value, "reason": verdict.reason,
                                   "inputs": inputs(env)}))
 

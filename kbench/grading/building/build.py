@@ -140,13 +140,13 @@ def _locked(ctx: Context, sub: Submission, run: Callable[[], None], wait_s: floa
     build's, not a JIT warm-up's), a compiler's failure kept from an earlier build of the same
     inputs is the verdict without building, and this build's is kept
     (kbench.host.failed_builds)."""
-    where = folder(ctx, sub)
+    where, log = folder(ctx, sub), ctx.logs / f"{sub.log_name}.build.log"
     with build_lock.held(where, wait_s) as cleared:
-        if built_env is not None and (kept := failed_builds.kept(where, built_env)):
+        if built_env is not None and (kept := failed_builds.kept(where, built_env, log)):
             return Built(kept, 0.0)
         built = _timed(run)
         if built_env is not None:
-            failed_builds.keep(where, built_env, built.verdict)
+            failed_builds.keep(where, built_env, built.verdict, log)
     return replace(built, cleared="; ".join(cleared)) if cleared else built
 
 
