@@ -94,3 +94,36 @@ def test_frozen_leaves_kbench_s_own_children_running_and_stops_strays_whatever_t
             for proc in (mine, forged):
                 proc.kill()
                 proc.wait(5)
+
+
+def test_time_a_worker_spends_stopped_by_kbench_is_not_counted_against_its_request(tmp_path):
+    # An import of 1 s answered within a 2.5 s limit although kbench held the worker stopped
+    # for 3 s of it (the torch.compile baseline readied beside a timing is stopped so).
+    import threading
+
+    from kbench.shared import protocol
+
+    reference, slow = tmp_path / "reference.py", tmp_path / "slow.py"
+    reference.write_text("X = 1\n")
+    slow.write_text("import time\ntime.sleep(1.0)\nclass ModelNew:\n    pass\n")
+    with sandbox.Sandbox(tmp_path / "w.log", sandbox.child_env({}), memory_bytes=8 << 30,
+                         log_bytes=1 << 20) as box:
+        box.request(protocol.Load(path=str(reference), module_name="warm", class_name="X",
+                                  device="cpu", reference=str(reference), model=None,
+                                  eval_mode=True, compile=False, shared_names=False), 120)
+
+        def stop_a_while() -> None:
+            time.sleep(0.3)
+            with box.frozen():
+                time.sleep(3.0)
+
+        stopper = threading.Thread(target=stop_a_while)
+        start = time.monotonic()
+        stopper.start()
+        answer = box.request(protocol.Load(
+            path=str(slow), module_name="slow", class_name="ModelNew", device="cpu",
+            reference=str(reference), model=None, eval_mode=True, compile=False,
+            shared_names=False), 2.5)
+        stopper.join()
+        assert time.monotonic() - start > 3.0
+        assert protocol.decode(answer, protocol.Load.answers).__class__.__name__ == "Loaded"

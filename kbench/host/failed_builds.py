@@ -52,8 +52,11 @@ def kept(folder: Path, env: dict[str, str], log: Path) -> Verdict | None:
         output = (folder / _LOG).read_text(errors="replace")
     except OSError:
         output = "(its output was not kept)\n"
-    log.write_text("kbench: this build failed before with the same code, flags and toolchain, "
-                   "and is not compiled again; its output then:\n\n" + output)
+    try:
+        log.write_text("kbench: this build failed before with the same code, flags and "
+                       "toolchain, and is not compiled again; its output then:\n\n" + output)
+    except OSError:  # the verdict stands without its log
+        pass
     return Verdict(Status.BUILD_ERROR, f"{record.get('reason', '')} (kept from the same "
                    "code's build with this toolchain: not compiled again)")
 
