@@ -195,14 +195,25 @@ def test_under_busy_loops_on_every_core_the_honest_is_ok_and_the_forged_flagged(
     subs = by_name(results)
     forged, honest = subs["l2norm_tampers_stopwatch"], subs["l2norm_torch_ok"]
     assert code == 0 and honest["status"] == "ok" and honest["speedup"] > 0, honest["reason"]
-    assert forged["status"] == "flagged" and "kbench's own clock" in forged["reason"], \
-        forged["reason"]
     for sub in (forged, honest):  # the loops were seen, and are in the record
         beside = sub["timed_beside"]
         assert beside["disturbed"] and beside["other_busy_cores"] >= 1.0, beside
-    # Its first flag was raised on a busy host: it was timed again alone, and stood.
+    # Its first flag was raised on a busy host: it was timed again alone, and stood; or, the
+    # host busy to the end, the reference's own stretch on kbench's clock explained it (1.89x
+    # in one CI run beside these loops: a forgery to a third and an honest call under such
+    # load read alike, docs/security.md). Then its figure is not believed: its interval is
+    # widened to what kbench's clock saw. Never its forged figure as a clear one.
     assert "kbench's own clock" in forged["timed_beside"]["retimed_alone"]
-    assert "timed again alone at the end" in forged["reason"]
+    if forged["status"] == "flagged":
+        assert "kbench's own clock" in forged["reason"], forged["reason"]
+        assert "timed again alone at the end" in forged["reason"]
+    else:
+        assert forged["status"] == "ok", forged["reason"]
+        notes = " ".join(forged["timed_beside"]["notes"])
+        assert "clock check could not tell" in notes, notes
+        (bench,) = [b for b in forged["benchmarks"] if b.get("candidate")]
+        seen = bench["reference"]["ms"] / bench["candidate"]["trusted_ms"]
+        assert forged["speedup_ci"][0] <= seen, (forged["speedup_ci"], seen)
     assert set(honest["timing_s"]) >= {"rounds", "reference", "verify", "clock"}
     board = (tmp_path / "out" / "leaderboard.md").read_text()  # and in the report
     assert board.count("timed on a disturbed host (") == 2, board
