@@ -8,7 +8,6 @@ import math
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -150,7 +149,7 @@ class Slot:
                                            _profiled_sizes(ctx, reference))
                     lap("kernels")
             finally:  # those a failing check left unused, and the profiling one
-                _close([*rounds, *([kernels] if kernels is not None else [])])
+                alternating.close_all([*rounds, *([kernels] if kernels is not None else [])])
 
     def _time(self, channel: Channel, result: SubmissionResult, reference: list[Benchmark],
               judge: Judge, kernels: Ahead | None, rounds: list[Ahead]) -> None:
@@ -220,14 +219,6 @@ def _rounds_ahead(ctx: Context, sub: Submission, reference: list[Benchmark],
                                               stage=f"load (timing round {r + 1})"),
             lambda channel: [channel.warm(params, request) for params, request in warms]]))
     return rounds
-
-
-def _close(aheads: list[Ahead]) -> None:
-    """Side by side (each waits for its CUDA context's end); a round process timing took is
-    closed already, and closing it again does nothing."""
-    if aheads:
-        with ThreadPoolExecutor(len(aheads)) as closing:
-            list(closing.map(Ahead.close, aheads))
 
 
 def _taken(rounds: list[Ahead]) -> list[Channel]:

@@ -196,16 +196,18 @@ def _best_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int, all
     kbench_s = min(kbench_empty(calls, _CLOCKED_PASSES), default=math.inf)
     worker_s = full = math.inf
     passes, confirmed = 0, False  # confirmed: kbench's taken since the fastest trip
+
+    def per_call() -> float:
+        return max(0.0, full - min(kbench_s, worker_s)) * 1e3 / calls
+
     while True:
         trips = _clocked_pass(ctx, channel, bench, calls, full)
         confirmed = confirmed and trips[1] >= full
         worker_s, full = min(worker_s, trips[0]), min(full, trips[1])
-        best = max(0.0, full - min(kbench_s, worker_s)) * 1e3 / calls
-        passes += 1
-        if best <= allowed < full * 1e3 / calls and kbench_s < worker_s \
-                and not confirmed:
+        best, passes = per_call(), passes + 1
+        if best <= allowed < full * 1e3 / calls and kbench_s < worker_s and not confirmed:
             kbench_s = min([kbench_s, *kbench_empty(calls, _CLOCKED_PASSES)])
-            best, confirmed = max(0.0, full - min(kbench_s, worker_s)) * 1e3 / calls, True
+            best, confirmed = per_call(), True
         if best <= allowed or passes >= _DISTURBED_ROUNDS * _CLOCKED_PASSES:
             return best, passes
         if passes >= _CLOCKED_ROUNDS * _CLOCKED_PASSES and passes % _CLOCKED_PASSES == 0 \

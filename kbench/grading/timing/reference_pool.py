@@ -103,12 +103,12 @@ class ReferenceWorker:
             self.close()
             return None
 
-    def empty_trips(self, index: int, calls: int, passes: int, empty: bool = True
-                    ) -> list[float]:
-        """Seconds of ``passes`` round trips of an empty clocked pass of ``calls`` calls at
-        benchmark ``index`` (input sets drawn, no call: kbench.worker.serve's ``clocked``),
-        answered by this process, where no candidate runs; none where it cannot be had. Not
-        ``empty``: the reference's own calls in each pass."""
+    def clocked_trips(self, index: int, calls: int, passes: int, empty: bool = True
+                      ) -> list[float]:
+        """Seconds of ``passes`` round trips of a clocked pass of ``calls`` calls at benchmark
+        ``index`` (kbench.worker.serve's ``clocked``), answered by this process, where no
+        candidate runs; none where they cannot be had. ``empty``: input sets drawn, no call;
+        else the reference's own calls in each pass."""
         if self.skips[index] is not None:
             return []
         ctx, params = self.ctx, self.ctx.benchmarks[index]
