@@ -83,38 +83,42 @@ def _result() -> SubmissionResult:
     return SubmissionResult(name="x", path="x.py", sha256="0", status=Status.OK)
 
 
+def _measure(ctx, channel, result, sizes) -> None:
+    """Profiled in ``channel``'s process, then judged (kbench.grading.running.submission)."""
+    custom_kernels.judge(ctx, result, custom_kernels.profiled(ctx, channel, sizes))
+
+
 def test_the_share_is_recorded_at_every_timed_size_and_judged_only_under_the_policy():
     sizes = [{"batch": 4, "dim": 8}, {"batch": 2, "dim": 16}]
     result, channel = _result(), _Channel([ATEN])
-    custom_kernels.measure(_ctx(False), channel, result, sizes)
+    _measure(_ctx(False), channel, result, sizes)
     assert result.custom_share == 0.0 and result.kernels[0].startswith("library 100%")
     assert [stage for _, stage in channel.asked] == ["kernels at 4x8", "kernels at 2x16"]
     with pytest.raises(Stop) as stop:
-        custom_kernels.measure(_ctx(True), channel, _result(), sizes)
+        _measure(_ctx(True), channel, _result(), sizes)
     assert stop.value.verdict.status is Status.FLAGGED
     assert "ran 0% of its GPU time" in stop.value.verdict.reason
     assert "vectorized_elementwise_kernel" in stop.value.verdict.reason
-    custom_kernels.measure(_ctx(True), _Channel([OWN_CUDA, ATEN]), result, sizes)
+    _measure(_ctx(True), _Channel([OWN_CUDA, ATEN]), result, sizes)
     assert result.custom_share == pytest.approx(0.9)
     nothing = _result()  # a correct call that ran nothing on the device: no profiler there
-    custom_kernels.measure(_ctx(False), _Channel([]), nothing, sizes)
+    _measure(_ctx(False), _Channel([]), nothing, sizes)
     assert nothing.custom_share is None and "saw no kernel" in nothing.flags[0]
 
 
 def test_a_profiling_failure_leaves_the_share_unknown_which_the_policy_refuses():
     failed = Stop(Verdict(Status.RUNTIME_ERROR, "kernels at batch=4: CUPTI unavailable"))
     result = _result()
-    custom_kernels.measure(_ctx(False), _Channel(stop=failed), result, [{"batch": 4, "dim": 8}])
+    _measure(_ctx(False), _Channel(stop=failed), result, [{"batch": 4, "dim": 8}])
     assert result.custom_share is None and "CUPTI unavailable" in result.flags[0]
     with pytest.raises(Stop) as stop:
-        custom_kernels.measure(_ctx(True), _Channel(stop=failed), _result(),
-                               [{"batch": 4, "dim": 8}])
+        _measure(_ctx(True), _Channel(stop=failed), _result(), [{"batch": 4, "dim": 8}])
     assert stop.value.verdict.status is Status.FLAGGED
     # It ran after every case and the timing passed: even a process that died here (a
     # profiler crash, say) leaves the verdict alone.
     crashed = Stop(Verdict(Status.CRASHED, "kernels at batch=4: killed by SIGSEGV"))
     result = _result()
-    custom_kernels.measure(_ctx(False), _Channel(stop=crashed), result, [{"batch": 4, "dim": 8}])
+    _measure(_ctx(False), _Channel(stop=crashed), result, [{"batch": 4, "dim": 8}])
     assert result.status is Status.OK and "SIGSEGV" in result.flags[0]
 
 

@@ -172,3 +172,19 @@ def test_a_missed_persisting_l2_reset_is_kept():
     assert measurement.summarise([samples([1.0])], None).l2_reset  # CPU: not applicable
     missed = samples([1.0], persisting_l2_reset=False)
     assert not measurement.summarise([samples([1.0]), missed], None).l2_reset
+
+
+def test_work_on_another_stream_is_charged_when_the_probes_woke_late_too():
+    # A busy host delays the probe after a call as often as the call's own measurement: four
+    # of nine probes woke late here, and the per-sample differences' quartile fell to nothing.
+    hidden = samples([0.002] * 9, after_ms=[0.5, 0.5, 1.9, 0.5, 0.5, 0.6, 0.5, 2.2, 0.5],
+                     idle_ms=[0.0, 1.5, 0.0, 2.5, 0.0, 3.1, 0.0, 0.0, 1.8])
+    m = measurement.summarise([hidden], None)
+    assert m.side_work_ms == pytest.approx(0.5, rel=0.1) and m.ms > 0.3
+    # An honest call on the same host: delays as often after the call as after the probe.
+    rng = random.Random(7)
+    delay = [lambda: rng.choice([0.0, 0.0, 0.0, rng.uniform(0.2, 3.0)]) for _ in range(2)]
+    honest = samples([0.010] * 200, after_ms=[0.004 + delay[0]() for _ in range(200)],
+                     idle_ms=[0.003 + delay[1]() for _ in range(200)])
+    m = measurement.summarise([honest], None)
+    assert m.side_work_ms is None and m.ms == pytest.approx(0.010)

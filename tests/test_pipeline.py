@@ -17,7 +17,7 @@ from kbench.grading.building.guard import BuildMark
 from kbench.grading.jobs import Job
 from kbench.grading.options import Device, Options
 from kbench.grading.running import units
-from kbench.grading.running.slots import _Dispatch
+from kbench.grading.running.dispatch import Dispatch
 from kbench.host import spawn
 from kbench.host.toolchain import find_toolchain
 from kbench.results.verdict import Status, Verdict
@@ -197,7 +197,7 @@ def test_each_slot_gets_a_problem_s_jobs_as_their_builds_come_out(tmp_path, monk
     builds = _Builds(seconds={"linear_relu/honest": 2.0})
     template = units.Unit([], None, 1)
     with _pipeline(options, builds, monkeypatch) as pool:
-        dispatch = _Dispatch(jobs, pool, template)
+        dispatch = Dispatch(jobs, pool, template)
         pool.start(jobs)
         pool.wait(jobs[1:])
         # Not the problem's last build: a unit of what is out, the problem held open.
@@ -224,7 +224,7 @@ def test_an_idle_slot_takes_half_of_a_backlog_another_slot_holds(tmp_path, monke
                  "argmax_rows/honest", "argmax_rows/argmin", "argmax_rows/int32")
     builds = _Builds(seconds={j.name: 0.6 for j in jobs[1:]})
     with _pipeline(options, builds, monkeypatch, jobs=1) as pool:
-        dispatch = _Dispatch(jobs[:3], pool, units.Unit([], None, 1))
+        dispatch = Dispatch(jobs[:3], pool, units.Unit([], None, 1))
         pool.start(jobs[:3])
         pool.wait(jobs[:1])
         first, _ = dispatch.get("gpu 0")
@@ -235,6 +235,27 @@ def test_an_idle_slot_takes_half_of_a_backlog_another_slot_holds(tmp_path, monke
     assert [len(u.jobs) for u in (first, stolen, rest)] == [1, 1, 1]
     assert not first.last and not stolen.last and rest.last
     assert dispatch.get("gpu 1") is None
+
+
+def test_a_slot_is_told_which_problems_come_to_it_next_and_gets_them(tmp_path, monkeypatch):
+    options = _options(tmp_path, jobs=4)
+    jobs = _jobs(options, "scaled_add/honest", "argmax_rows/honest", "linear_relu/honest",
+                 "mean_std/honest")
+    with _pipeline(options, _Builds(), monkeypatch) as pool:
+        dispatch = Dispatch(jobs, pool, units.Unit([], None, 1))
+        pool.start(jobs)
+        pool.wait(jobs)
+        first, _ = dispatch.get("gpu 0")  # the next two problems, to prepare meanwhile
+        assert [j.name for j in first.jobs] == ["scaled_add/honest"]
+        assert [j.name for j in first.soon] == ["argmax_rows/honest", "linear_relu/honest"]
+        other, _ = dispatch.get("gpu 1")  # one no slot was told of, first
+        assert [j.name for j in other.jobs] == ["mean_std/honest"] and other.soon == ()
+        told, _ = dispatch.get("gpu 0")  # told of two not yet taken already: none more
+        assert [j.name for j in told.jobs] == ["argmax_rows/honest"] and told.soon == ()
+        rest, _ = dispatch.get("gpu 1")  # rather than wait: what gpu 0 was told of
+        assert [j.name for j in rest.jobs] == ["linear_relu/honest"]
+        assert units.Unit.from_dict(first.to_dict()).soon == first.soon  # it travels
+        pool.finish()
 
 
 def test_the_host_split_keeps_cores_for_timing_only_where_builds_keep_half():

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import psutil
 import pytest
@@ -204,3 +205,63 @@ def test_each_unit_says_its_lines_through_its_own_emit(tmp_path, monkeypatch):
                   options=options)
         units.run(units.Unit([job], None, 1), events.append)
     assert first == [units.Event(say="a_0")] and second == [units.Event(say="b_0")]
+
+
+def test_a_problem_told_to_come_next_compiles_ahead_and_stops_while_another_is_timed(
+        tmp_path, cache_dir, monkeypatch):
+    # On a one-GPU host the bundled problems each waited 10-14 s for their torch.compile
+    # baseline as they closed: it is compiled from the moment the slot hears the problem comes.
+    import contextlib
+
+    from conftest import quick_task
+
+    from kbench.grading.running import open_problem
+
+    stopped: dict[str, int] = {}
+
+    class Compiling:  # torch.compile's process, as the problem sees it
+        made: list[str] = []
+
+        def __init__(self, ctx, log, skips):
+            self.task, self.skips, self.timed = str(ctx.task.path), skips, False
+            self.ahead = None
+            Compiling.made.append(self.task)
+
+        def start(self):
+            self.ahead = types.SimpleNamespace(channel=types.SimpleNamespace(
+                frozen=lambda: self._stopped()))
+
+        @contextlib.contextmanager
+        def _stopped(self):
+            stopped[self.task] = stopped.get(self.task, 0) + 1
+            yield
+
+        def time(self):
+            self.ahead, self.timed = None, True
+            return [None] * len(self.skips), "not timed in this test"
+
+        def close(self):
+            self.ahead = None
+
+    monkeypatch.setattr(open_problem, "Compiled", Compiling)
+    tasks = [quick_task(tmp_path / name, **{"timing.compile_reference": True})
+             for name in ("a", "b")]
+    options = Options(device="cpu", out_dir=tmp_path / "out", cache_dir=cache_dir, jobs=1,
+                      seed=3)
+    sub = FIXTURES / "cpu" / "l2norm_torch_ok.py"
+    first, then = (Job(task=str(t), problem="l2norm", name=f"ok_{k}", path=str(sub),
+                       sha256="0", options=options) for k, t in enumerate(tasks))
+    events: list[units.Event] = []
+    unit = units.Unit([first], None, 1, run_tasks=tuple(map(str, tasks)),
+                      run_files=(str(sub),), spare=(0,), soon=(then,))
+    units.run(unit, events.append)
+    assert Compiling.made == [str(tasks[1]), str(tasks[0])]  # the problem told of, first
+    # Stopped while the first problem's reference, its submission, its torch.compile and its
+    # drift check were timed.
+    assert stopped[str(tasks[1])] >= 4 and stopped[str(tasks[0])] >= 1  # its own: timed
+    assert [e.result.status.value for e in events if e.result] == ["ok"]
+    (executor,) = units._executors.values()  # the next problem's, kept for its turn
+    compiling = executor.problems[(str(tasks[1]), "l2norm")].compiling
+    assert compiling.task == str(tasks[1]) and compiling.ahead is not None
+    units.finish(events.append)  # the slot is done: it ends, never timed
+    assert compiling.ahead is None and not compiling.timed

@@ -79,13 +79,11 @@ def classify(kernels: list[protocol.KernelRun]) -> Share:
     return Share(own, total - own, named)
 
 
-def measure(ctx: Context, channel: Channel, result: SubmissionResult,
-            sizes: list[Params]) -> None:
-    """One profiled call at each of ``sizes`` (the worker draws the inputs, as for timing),
-    in the submission's process once its grading is done; the share and the kernels go into
-    ``result``; the policy's verdict is a Stop. Whatever goes wrong here (the profiler, a
-    process that dies, memory) leaves the share unknown, which only the policy refuses: the
-    submission already passed every case and timing."""
+def profiled(ctx: Context, channel: Channel, sizes: list[Params]
+             ) -> list[protocol.KernelRun] | str:
+    """What ran in one profiled call at each of ``sizes`` (the worker draws the inputs, as
+    for timing), in a process of the submission that passed its cases or is being checked;
+    why it could not be profiled (the profiler, a process that dies, memory), if so."""
     kernels: list[protocol.KernelRun] = []
     dtype = ctx.task.benchmark_dtype
     for params in sizes:
@@ -95,10 +93,20 @@ def measure(ctx: Context, channel: Channel, result: SubmissionResult,
             answer = channel.call(request, ctx.task.limits.case_s,
                                   f"kernels at {params_text(params)}")
         except Stop as stop:
-            _unknown(ctx, result, stop.verdict.reason)
-            return
+            return stop.verdict.reason
         kernels += answer.kernels
-    share = classify(kernels)
+    return kernels
+
+
+def judge(ctx: Context, result: SubmissionResult, ran: list[protocol.KernelRun] | str
+          ) -> None:
+    """The share and the kernels of what ``profiled`` saw into ``result``, once the
+    submission passed every case and timing; the policy's verdict is a Stop. What could not
+    be profiled leaves the share unknown, which only the policy refuses."""
+    if isinstance(ran, str):
+        _unknown(ctx, result, ran)
+        return
+    share = classify(ran)
     if share.share is None:  # a correct call ran nothing on the device: no profiler here
         _unknown(ctx, result, "the profiler saw no kernel, copy or fill")
         return

@@ -10,10 +10,14 @@ import os
 import time
 from collections.abc import Callable, Iterator
 
+import psutil
+import torch
+
 from kbench.grading.building import build, hostsplit
 from kbench.grading.building.build import Built
 from kbench.grading.building.pipeline import Pipeline
 from kbench.grading.building.watch import Watcher, tampered
+from kbench.grading.channel import Channel
 from kbench.grading.checking.screen import ProblemError, screen
 from kbench.grading.context import Context, Say, Spare
 from kbench.grading.jobs import Job, Sink
@@ -106,6 +110,26 @@ class LocalExecutor:
         if (note := self.watcher.unwatched_note()) and self.note_unwatched:
             self.say(f"note: {note}")
             self.notes.append(note)
+
+    def prepare(self, jobs: list[Job], sink: Sink) -> None:
+        """The problems of ``jobs``, graded here next as far as the driver knows (a slot's
+        unit says: kbench.grading.running.slots), screened now and their torch.compile
+        baselines compiled on the spare cores meanwhile, where the run has them (else
+        nothing is done ahead)."""
+        if self.spare is None:
+            return
+        for job in jobs:
+            with contextlib.suppress(CaseError):  # said when the job itself is graded
+                if (job.task, job.problem) not in self.problems and \
+                        isinstance(problem := self._open(job, sink), OpenProblem) and \
+                        _small(problem.ctx):
+                    problem.compile_ahead()
+
+    def _readied(self) -> list[Channel]:
+        """Every process readied ahead on this device, each problem's: stopped while anything
+        is timed here."""
+        return [c for p in self.problems.values() if isinstance(p, OpenProblem)
+                for c in p.ahead()]
 
     def finish(self, sink: Sink, keys: set[tuple[str, str]] | None = None) -> None:
         """Close the open problems (those of ``keys``): each one's drift check and record."""
@@ -200,7 +224,8 @@ class LocalExecutor:
             except Exception as exc:  # a problem that breaks kbench's own handling of it
                 return self._failed(key, job.task, f"{job.task}: {type(exc).__name__}: {exc}",
                                     sink)
-            problem = OpenProblem(ctx, self.watcher, self.activity, self.copy_gbps)
+            problem = OpenProblem(ctx, self.watcher, self.activity, self.copy_gbps,
+                                  self._readied)
             problem.stage_s["screening"] = round(time.monotonic() - started, 2)
             sink.problem(problem.record())
             self.problems[key] = problem
@@ -223,6 +248,20 @@ class LocalExecutor:
         if lines := changed().lines:
             return Built(tampered("while building", lines), made.seconds)
         return made
+
+
+# Device memory a problem compiled ahead of its turn may hold while others are graded (its
+# largest benchmark case's tensors, twice over), as a share of the device's: a submission of
+# another problem must not run short of memory for kbench's work ahead.
+_AHEAD_SHARE = 0.05
+
+
+def _small(ctx: Context) -> bool:
+    need = 2 * max((ctx.task.held_bytes(p, ctx.task.benchmark_dtype) for p in ctx.benchmarks),
+                   default=0)
+    total = torch.cuda.get_device_properties(ctx.device).total_memory \
+        if ctx.device.type == "cuda" else psutil.virtual_memory().total
+    return need <= _AHEAD_SHARE * total
 
 
 def _runs(built: Built | None) -> bool:

@@ -3,7 +3,9 @@ timed once, when the first submission that can run is about to be graded (torch.
 too where the profile asks), its reference processes kept for each of its submissions graded
 here in whatever order their builds land, and timed again for drift when it closes. Closed,
 it keeps what it screened and timed: a submission graded later (again, alone at the end)
-reopens its processes only."""
+reopens its processes only. Its torch.compile baseline may be compiled ahead of its turn
+(``compile_ahead``: the slot is told which problems come next), and every process of kbench's
+readied on this device, any problem's, is stopped while anything is timed here."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from kbench.grading.options import TimingMode
 from kbench.grading.running.submission import Slot
 from kbench.grading.timing import alternating, measurement
 from kbench.grading.timing.compiled import Compiled
-from kbench.grading.timing.reference_pool import ReferencePool
+from kbench.grading.timing.reference_pool import ReferencePool, unfit
 from kbench.host import activity, backends, spawn
 from kbench.problems.discovery import Submission
 from kbench.results.run_record import Benchmark, ProblemRun, SubmissionResult
@@ -30,11 +32,14 @@ from kbench.shared.protocol import Samples
 
 class OpenProblem:
     """``ctx``: the problem screened on this device; ``copy_gbps``: the copy bandwidth where
-    this run measured it already."""
+    this run measured it already; ``readied``: kbench's processes readied ahead on this
+    device, every problem's (kbench.grading.running.local), stopped while anything is timed."""
 
     def __init__(self, ctx: Context, watcher: Watcher, log: activity.Log,
-                 copy_gbps: float | None) -> None:
+                 copy_gbps: float | None,
+                 readied: Callable[[], list[Channel]] = list) -> None:
         self.ctx, self.watcher, self.log = ctx, watcher, log
+        self.readied = readied
         self.copy_gbps = copy_gbps
         self.pool: ReferencePool | None = None
         self.reference: list[Benchmark] | None = None  # None: not timed (yet)
@@ -73,7 +78,7 @@ class OpenProblem:
         if self.reference is None and self.ctx.options.timed and _runnable(self.ctx, job, built):
             self._time_reference(sink)
         self.watcher.for_task(self.ctx)
-        slot = Slot(self.ctx, self.watcher, self.pool, self._readied)
+        slot = Slot(self.ctx, self.watcher, self.pool, self.readied)
         result = slot.evaluate(job.submission(), built, self.reference or [], upcoming,
                                can_defer=defer is not None, retimed=job.retimed)
         if result is None:
@@ -84,24 +89,42 @@ class OpenProblem:
             self.timed = True
             self.graded.append(result)
 
-    def _readied(self) -> list[Channel]:
+    def ahead(self) -> list[Channel]:
         """The torch.compile baseline's process while it is readied ahead (its compiling and
         autotuning run on the device)."""
         ahead = self.compiling.ahead if self.compiling is not None else None
         return [ahead.channel] if ahead is not None else []
 
+    def compile_ahead(self) -> None:
+        """Its torch.compile baseline, where the profile times one: compiled from now on where
+        the run has spare cores (else when it closes). Called ahead of the problem's turn
+        too: on one H200 the bundled set's problems each waited 10-14 s for theirs as they
+        closed, most of it compiling, when it began only as they opened."""
+        ctx = self.ctx
+        if self.compiling is None and self.compiled is None and ctx.options.timed and \
+                ctx.options.rigour.compile_baseline and \
+                ctx.task.timing[ctx.device.type].compile_reference:
+            skips = self.pool.skips if self.pool is not None else \
+                [unfit(ctx, params) for params in ctx.benchmarks]
+            self.compiling = Compiled(ctx, f"{ctx.task.name.replace('/', '__')}.reference",
+                                      skips)
+            self.compiling.start()
+
     def close(self, sink: Sink) -> None:
         """Its processes ended, the reference timed again first where a submission was timed
         against it (did the machine drift meanwhile?), and its record stored."""
         spawn.drop_spares()
-        if self.pool is None:
+        if self.pool is None:  # opened ahead of its turn only (compile_ahead)
+            self._end_compiling()
             return
         ctx, pool = self.ctx, self.pool
         try:
             if self.compiling is not None and self.timed:
                 ctx.say(f"{ctx.task.name}: timing torch.compile of the reference")
+                own = self.ahead()
                 with self._stage("torch.compile"), self.log.record(
-                        "timing", f"{ctx.task.name}/reference"):
+                        "timing", f"{ctx.task.name}/reference"), alternating.all_frozen(
+                        c for c in self.readied() if c not in own):
                     self.compiled = self.compiling.time()
             late = [r for r in self.graded if r.compile_speedup is None]
             if self.compiled and late:  # timed after them: their speedups over it now
@@ -111,8 +134,9 @@ class OpenProblem:
                         sink.revised(result)
             if self.timed:
                 ctx.say(f"{ctx.task.name}: timing the reference again (drift check)")
-                with self._stage("drift check"), self.log.record("timing",
-                                                                 f"{ctx.task.name}/reference"):
+                with self._stage("drift check"), self.log.record(
+                        "timing", f"{ctx.task.name}/reference"), \
+                        alternating.all_frozen(self.readied()):
                     self.reference, self.notes = pool.table(
                         self.start, pool.time_all(self.start), self.compiled)
             elif self.reference is None and ctx.options.timed:
@@ -120,9 +144,7 @@ class OpenProblem:
                               "(each failed to build or import, or was skipped)"]
             sink.problem(self.record())
         finally:
-            if self.compiling is not None:
-                self.compiling.close()
-                self.compiling = None
+            self._end_compiling()
             self.copy_gbps = pool.copy_gbps or self.copy_gbps
             pool.__exit__(None, None, None)
             self.pool, self.timed, self.graded = None, False, []
@@ -133,10 +155,13 @@ class OpenProblem:
         drift check: they may have loaded its files while a build had changed them."""
         if self.pool is not None:
             self.pool.__exit__(None, None, None)
+        self._end_compiling()
+        self.pool, self.reference, self.timed, self.graded = None, None, False, []
+
+    def _end_compiling(self) -> None:
         if self.compiling is not None:
             self.compiling.close()
-        self.pool, self.compiling, self.reference, self.timed = None, None, None, False
-        self.graded = []
+            self.compiling = None
 
     def _time_reference(self, sink: Sink) -> None:
         """The reference (and torch.compile of it) timed on every benchmark case, then the
@@ -146,12 +171,9 @@ class OpenProblem:
         ctx.say(f"{ctx.task.name}: timing the reference on {len(ctx.benchmarks)} shape(s) "
                 f"({ctx.options.timing.value})")
         with self.log.record("timing", f"{ctx.task.name}/reference"), \
-                self._stage("reference"):
+                self._stage("reference"), alternating.all_frozen(self.readied()):
             self.start = pool.time_all()
-        if ctx.task.timing[ctx.device.type].compile_reference and \
-                ctx.options.rigour.compile_baseline and self.compiled is None:
-            self.compiling = Compiled(ctx, pool.main.name, pool.skips)
-            self.compiling.start()  # ahead, where the run has spare cores
+        self.compile_ahead()  # unless it was already
         self.reference, self.notes = pool.table(self.start, None, self.compiled)
         sink.problem(self.record())
         pool.prestart(bool(alternating.fresh_cases(ctx, self.reference)),

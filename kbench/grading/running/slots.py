@@ -10,7 +10,6 @@ each with ``{"done": true}``; whatever else it prints goes to stderr."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import ctypes
 import json
@@ -30,11 +29,11 @@ from kbench.grading.context import Say
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Device, Options, OptionsError
 from kbench.grading.running import units
+from kbench.grading.running.dispatch import Dispatch, key_of
 from kbench.grading.running.local import LocalExecutor
 from kbench.host import interrupt, proctree, spawn
 
 _RETRIES = 1  # a unit whose slot died is given to a slot once more, then infrastructure_error
-_STEAL = 2  # ready jobs of a problem another slot holds before an idle slot takes half
 _EXIT_WAIT_S = 5.0  # a slot process whose event stream ended is given this long to exit
 
 
@@ -91,7 +90,7 @@ class SlotsExecutor:
         # last would leave the other slots idle while it runs.
         groups: dict[tuple[str, str], list[Job]] = {}
         for job in jobs:
-            groups.setdefault(_key(job), []).append(job)
+            groups.setdefault(key_of(job), []).append(job)
         ordered = [j for group in sorted(groups.values(), key=len, reverse=True) for j in group]
         template = units.Unit([], env_problem, cores, 0,
                               tuple(dict.fromkeys(job.task for job in jobs)),
@@ -103,7 +102,7 @@ class SlotsExecutor:
             self.say(f"grading on {len(self.slots)} slot(s): "
                      f"{', '.join(s.name for s in self.slots)}; each submission handed out as "
                      "soon as its build is done, a problem's to the slot that holds it open")
-            work = _Dispatch(ordered, pipeline, template)
+            work = Dispatch(ordered, pipeline, template)
             self._serve_all(work, deliver, self.slots)
             pipeline.finish()
             again = pipeline.suspects() + deliver.deferred
@@ -113,12 +112,12 @@ class SlotsExecutor:
                 builds = {**pipeline.built(), **pipeline.settle()}
                 final = replace(template, jobs=again, number=work.count, final=True, built={
                     j.path: builds[j.path] for j in again if builds.get(j.path)})
-                self._serve_all(_Dispatch.given([final]), deliver, self.slots[:1])
+                self._serve_all(Dispatch.given([final]), deliver, self.slots[:1])
         self.say("note: the slots shared the output folder and the build cache, so writes "
                  "there could not be told from a submission's and went unchecked (kbench's "
                  "code, the problems and each submission's own file stayed watched)")
 
-    def _serve_all(self, work: _Dispatch, deliver: units.Delivery, slots: list[SlotSpec]
+    def _serve_all(self, work: Dispatch, deliver: units.Delivery, slots: list[SlotSpec]
                    ) -> None:
         outbox: queue.Queue[tuple[str, int, units.Event | None]] = queue.Queue()
         for k, slot in enumerate(slots):
@@ -139,7 +138,7 @@ class SlotsExecutor:
             for result in units.lost(unit.jobs, "no slot was left to grade it"):
                 deliver(units.Event(result=result), "driver", unit.number)
 
-    def _serve(self, slot: SlotSpec, cpus: tuple[int, ...], work: _Dispatch,
+    def _serve(self, slot: SlotSpec, cpus: tuple[int, ...], work: Dispatch,
                outbox: queue.Queue) -> None:
         """One slot: units as they are ready until none is left, through one process kept
         for as long as it lives (on ``cpus``), then the problems it holds open closed; its
@@ -182,7 +181,7 @@ class SlotsExecutor:
 
     @staticmethod
     def _lost(slot: SlotSpec, unit: units.Unit, tries: int, left: list[Job], why: str,
-              work: _Dispatch, outbox: queue.Queue) -> None:
+              work: Dispatch, outbox: queue.Queue) -> None:
         """Jobs a slot's process left without a result: given out once more, then
         infrastructure_error."""
         if swept := proctree.sweep_abandoned():
@@ -220,101 +219,6 @@ class SlotsExecutor:
         except Exception as exc:  # the process went, or its stream broke: its jobs are left
             broke = f" ({type(exc).__name__}: {str(exc)[:160]})"
         return list(left.values()), broke
-
-
-class _Dispatch:
-    """The run's jobs, handed to slots as their builds come out of the pipeline (suspects left
-    out: graded at the end). A slot is given the ready jobs of one problem at a time: of a
-    problem it holds open first (screened there, its reference timed there), else of one no
-    slot holds, else, where a problem held elsewhere has a backlog, half of it (this slot
-    then screens and times the reference too: each speedup divides its own GPU's). A unit
-    that comes back (its slot was lost) goes out first, as it was."""
-
-    def __init__(self, jobs: list[Job], pipeline: Pipeline | None,
-                 template: units.Unit | None) -> None:
-        self.pipeline, self.template = pipeline, template
-        self.cond = pipeline.cond if pipeline is not None else threading.Condition()
-        self.pending = list(jobs)
-        self.queue: list[tuple[units.Unit, int]] = []
-        self.held: dict[str, set[tuple[str, str]]] = {}  # by slot: the problems it holds
-        self.count = 0  # units made so far (each one's number)
-
-    @classmethod
-    def given(cls, plan: list[units.Unit]) -> _Dispatch:
-        """Units already made and built (the last pass, alone)."""
-        work = cls([], None, None)
-        work.queue = [(unit, 0) for unit in plan]
-        return work
-
-    def get(self, slot: str) -> tuple[units.Unit, int] | None:
-        """The next unit for ``slot``, waiting for one; None once none is left."""
-        with self.cond:
-            while True:
-                if self.queue:
-                    return self.queue.pop(0)
-                if not self.pending:
-                    return None
-                if (unit := self._next(slot)) is not None:
-                    return unit, 0
-                self.cond.wait()
-
-    def _next(self, slot: str) -> units.Unit | None:
-        released = self.pipeline.built()
-        out = [j for j in self.pending if self.pipeline.ready(self.pipeline.siblings(j))]
-        self.pending = [j for j in self.pending if j not in out or j.path in released]
-        chosen = self._choose(slot, [j for j in out if j.path in released])
-        if chosen is None:
-            return None
-        problem, steal = chosen
-        jobs = [j for j in out if _key(j) == problem and j.path in released]
-        jobs = jobs[:max(1, len(jobs) // 2)] if steal else jobs
-        self.pending = [j for j in self.pending if j not in jobs]
-        self.cond.notify_all()  # a slot waiting for what is left may be done
-        last = not any(_key(j) == problem for j in self.pending)
-        held = self.held.setdefault(slot, set())
-        (held.discard if last else held.add)(problem)
-        self.count += 1
-        return replace(self.template, jobs=jobs, number=self.count - 1, last=last,
-                       built={j.path: released[j.path] for j in jobs if released[j.path]})
-
-    def _choose(self, slot: str, ready: list[Job]) -> tuple[tuple[str, str], bool] | None:
-        """The problem whose ready jobs go to ``slot``, and whether they are taken from
-        another slot's backlog."""
-        mine = self.held.get(slot, set())
-        theirs = set().union(*(h for s, h in self.held.items() if s != slot))
-        for job in ready:
-            if _key(job) in mine:
-                return _key(job), False
-        for job in ready:
-            if _key(job) not in theirs:
-                return _key(job), False
-        backlog = collections.Counter(_key(j) for j in ready).most_common(1)
-        if backlog and backlog[0][1] >= _STEAL:
-            return backlog[0][0], True
-        return None
-
-    def forget(self, slot: str) -> None:
-        """``slot``'s process is new: it holds nothing open."""
-        with self.cond:
-            self.held.pop(slot, None)
-
-    def put(self, unit: units.Unit, tries: int) -> None:
-        with self.cond:
-            self.queue.append((unit, tries))
-            self.cond.notify_all()
-
-    def left(self) -> list[tuple[units.Unit, int]]:
-        """What no slot took (every slot's process failed to start), as units."""
-        with self.cond:
-            left, self.queue = self.queue, []
-            if self.pending and self.template is not None:
-                left.append((replace(self.template, jobs=self.pending), 0))
-                self.pending = []
-            return left
-
-
-def _key(job: Job) -> tuple[str, str]:
-    return job.task, job.problem
 
 
 def _ended(process: subprocess.Popen) -> str:

@@ -31,8 +31,8 @@ from kbench.shared import protocol
 
 
 class Slot:
-    """``readied``: the processes of kbench's own work readied for the problem meanwhile
-    (kbench.grading.running.open_problem), stopped while a submission is timed."""
+    """``readied``: the processes of kbench's own work readied on this device meanwhile,
+    any problem's (kbench.grading.running.local), stopped while a submission is timed."""
 
     def __init__(self, ctx: Context, watcher: Watcher, pool: ReferencePool,
                  readied: Callable[[], list[Channel]] = list) -> None:
@@ -125,7 +125,8 @@ class Slot:
             lap("load")
             # readied while it is checked (nothing is timed until timing takes them)
             rounds = _rounds_ahead(ctx, sub, reference, result)
-            kernels = _kernels_ahead(ctx, sub, result)
+            sizes = _profiled_sizes(ctx, reference)
+            kernels = _kernels_ahead(ctx, sub, result, sizes)
             try:
                 if kb_rules.applies(ctx):
                     self._kernelbench(sub, result, channel, differ, ranks=kernelbench)
@@ -145,8 +146,7 @@ class Slot:
                 # What ran is profiled where the report shows it (a timed run) or a policy
                 # needs it; last: the profiler stays loaded in the process that ran it.
                 if ctx.options.profiles_kernels:
-                    custom_kernels.measure(ctx, _profiling(kernels, channel), result,
-                                           _profiled_sizes(ctx, reference))
+                    custom_kernels.judge(ctx, result, _profiled(kernels, channel, sizes))
                     lap("kernels")
             finally:  # those a failing check left unused, and the profiling one
                 alternating.close_all([*rounds, *([kernels] if kernels is not None else [])])
@@ -154,7 +154,7 @@ class Slot:
     def _time(self, channel: Channel, result: SubmissionResult, reference: list[Benchmark],
               judge: Judge, kernels: Ahead | None, rounds: list[Ahead]) -> None:
         """Timed with kbench's own work readied beside it stopped throughout (the profiling
-        process, the problem's torch.compile baseline): on an H200 their device work (the
+        process, the torch.compile baselines): on an H200 their device work (the
         profiler's start, the compiler's autotuning) ran beside four honest torch baselines'
         clocked passes, 3.8-4.5x their figures, and flagged them."""
         if kernels is not None:
@@ -227,30 +227,44 @@ def _taken(rounds: list[Ahead]) -> list[Channel]:
     return [ahead.take() for ahead in rounds]
 
 
-def _kernels_ahead(ctx: Context, sub: Submission, result: SubmissionResult) -> Ahead | None:
+class _Profile(Ahead):
     """Where what ran will be profiled and the run has spare cores: a process of the
-    submission readied for it there while it is checked and timed (its model built, the
-    profiler's first start paid: 3.9 s on an H100), stopped with the rest of the submission
-    whenever the reference runs."""
+    submission that loads it there, starts the profiler (its first start: 3.9 s on an H100)
+    and profiles the calls at ``sizes`` while the submission is checked in its own process,
+    stopped with the rest whenever anything is timed. Profiled only after the timing, the
+    profiles took 59 s of the bundled set's 359 on one H200, most of it this process's start
+    stopped during the timing."""
+
+    def __init__(self, ctx: Context, sub: Submission, log: str, sizes: list[Params]) -> None:
+        spec = ctx.load_spec()
+        self.ran: list[protocol.KernelRun] | str = "not profiled"
+        super().__init__(ctx, log, build.env(ctx, sub), [
+            lambda channel: channel.load(sub, instantiate=True, spec=spec),
+            lambda channel: channel.call(protocol.PrepareProfiler(), ctx.task.limits.load_s,
+                                         "profile"),
+            lambda channel: setattr(self, "ran", custom_kernels.profiled(ctx, channel, sizes))])
+
+
+def _kernels_ahead(ctx: Context, sub: Submission, result: SubmissionResult,
+                   sizes: list[Params]) -> _Profile | None:
     if not ctx.options.profiles_kernels or ctx.spare is None:
         return None
-    spec, log = ctx.load_spec(), f"{sub.log_name}.kernels.log"
+    log = f"{sub.log_name}.kernels.log"
     result.logs.append(str(ctx.logs / log))
-    return Ahead(ctx, log, build.env(ctx, sub), [
-        lambda channel: channel.load(sub, instantiate=True, spec=spec),
-        lambda channel: channel.call(protocol.PrepareProfiler(), ctx.task.limits.load_s,
-                                     "profile")])
+    return _Profile(ctx, sub, log, sizes)
 
 
-def _profiling(kernels: Ahead | None, channel: Channel) -> Channel:
-    """The process what ran is profiled in: the one readied for it, else (none, or it
-    failed) the submission's own."""
+def _profiled(kernels: _Profile | None, channel: Channel, sizes: list[Params]
+              ) -> list[protocol.KernelRun] | str:
+    """What ran: as the process readied for it profiled it, else (none, or it failed) as the
+    submission's own process profiles it now."""
     if kernels is not None:
         try:
-            return kernels.take()
+            kernels.take()
+            return kernels.ran
         except Stop:
             pass
-    return channel
+    return custom_kernels.profiled(channel.ctx, channel, sizes)
 
 
 def _spare(ctx: Context) -> tuple[int, ...]:

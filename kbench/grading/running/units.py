@@ -71,6 +71,9 @@ class Unit:
     # the next unit (kbench.grading.running.slots), closed by ``finish`` at the latest.
     last: bool = True
     spare: tuple[int, ...] = ()  # cores for work ahead of its turn (kbench.grading.context.Spare)
+    # A job of each problem the driver means to send this slot next: prepared meanwhile
+    # (kbench.grading.running.local.LocalExecutor.prepare).
+    soon: tuple[Job, ...] = ()
 
     def to_dict(self) -> dict:
         built = None if self.built is None else {p: b.to_dict() for p, b in self.built.items()}
@@ -78,7 +81,7 @@ class Unit:
                 "environment_problem": self.environment_problem, "cores": self.cores,
                 "run_tasks": list(self.run_tasks), "run_files": list(self.run_files),
                 "built": built, "final": self.final, "last": self.last,
-                "spare": list(self.spare)}
+                "spare": list(self.spare), "soon": [j.to_dict() for j in self.soon]}
 
     @classmethod
     def from_dict(cls, data: dict) -> Unit:
@@ -88,7 +91,8 @@ class Unit:
                    tuple(data["run_files"]),
                    None if built is None else {p: Built.from_dict(b) for p, b in built.items()},
                    data.get("final", False), data.get("last", True),
-                   tuple(data.get("spare", ())))
+                   tuple(data.get("spare", ())),
+                   tuple(Job.from_dict(j) for j in data.get("soon", ())))
 
     def rest(self, jobs: list[Job]) -> Unit:
         """The same unit with only ``jobs`` left, to grade again."""
@@ -158,6 +162,7 @@ def run(unit: Unit, emit: Emit) -> None:
     executor.environment_problem = unit.environment_problem
     executor.spare = Spare(unit.spare, OWN_CORES_NICE) if unit.spare else None  # a split's
     executor.watcher.for_run(unit.run_tasks, unit.run_files)
+    executor.prepare(list(unit.soon), EventSink(emit))
     executor.run(unit.jobs, EventSink(emit), unit.built,
                  None if unit.final else lambda job: emit(Event(defer=job)), close=unit.last)
 

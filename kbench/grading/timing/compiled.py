@@ -37,11 +37,14 @@ class Compiled:
 
     def _env(self) -> dict[str, str]:
         """Compiler caches of its own (kept for the problem's next run): readied ahead, the
-        process is stopped while a submission is timed, and must not hold a lock of the
-        caches a submission's own torch.compile or Triton uses then."""
+        process is stopped while anything is timed, and must not hold a lock of the caches a
+        submission's own torch.compile or Triton uses then. Compiled in its own process, not
+        a pool of compile workers (the generated code is the same): on a busy 2-core machine
+        a softmax's first compile took 17 s so, 35 s with the pool."""
         caches = self.ctx.options.cache_dir / "torch-compile" / self.log
         return child_env({"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
-                          "TRITON_CACHE_DIR": str(caches / "triton")})
+                          "TRITON_CACHE_DIR": str(caches / "triton"),
+                          "TORCHINDUCTOR_COMPILE_THREADS": "1"})
 
     def _warm(self, index: int):
         ctx = self.ctx
