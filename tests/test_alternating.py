@@ -243,3 +243,27 @@ def test_kbench_s_readied_work_is_stopped_for_the_whole_of_a_submission_s_timing
     assert events == [("built", 0), ("stopped", "compile"), ("stopped", "kernels"),
                       ("timed",), ("continued", "kernels"), ("continued", "compile")]
     assert result.timed_beside == {"busy": 0}
+
+
+def test_the_reference_s_own_clocked_passes_each_get_their_input_sets(tmp_path):
+    # A pass with the calls uses up the sets its Prepare made: the second of a set of the
+    # reference's passes once found none, and each such failure cost its clock process (on
+    # an H200 under load the third took the clock away: internal_error for a submission).
+    from conftest import quick_task
+
+    from kbench.grading.context import Context
+    from kbench.grading.options import Options
+    from kbench.grading.timing.reference_pool import ReferenceWorker
+    from kbench.host.toolchain import Toolchain
+    from kbench.problems.load import load_task
+
+    options = Options(device="cpu", out_dir=tmp_path, cache_dir=tmp_path, jobs=1, seed=1)
+    ctx = Context.create(load_task(str(quick_task(tmp_path))), options,
+                         Toolchain(None, None, "9.0"))
+    clock = ReferenceWorker(ctx, "l2norm.reference.clock", [None] * len(ctx.benchmarks))
+    try:
+        assert len(clock.clocked_trips(0, 5, 3, empty=False)) == 3
+        assert len(clock.clocked_trips(0, 5, 3)) == 3
+        assert clock.failure is None and clock.opened == 1
+    finally:
+        clock.close()

@@ -85,16 +85,13 @@ def test_load_explains_a_clock_flag_only_as_far_as_the_reference_was_stretched()
     bench = Benchmark(params={"rows": 8}, dtype="float32", reference=ref)
     honest, stretched = 1.268, 2.45 * 2.0
 
-    def explains(best: float, explained: float, reference_ms: float | None,
-                 cuda: bool = False) -> str | None:
-        return integrity._reference_inflation(bench, cuda, best, explained, explained,
-                                              reference_ms)
+    def explains(best: float, explained: float, reference_ms: float | None) -> str | None:
+        return integrity._reference_inflation(bench, best, explained, explained, reference_ms)
 
     assert "explains the submission's" in explains(3.11, honest, stretched)
     assert explains(3.11, honest / 3, stretched) is None  # forged to a third
     assert explains(3.11, honest, None) is None
     assert explains(3.11, honest, 2.0) is None  # the reference was not stretched
-    assert explains(3.11, honest, 2.45 * 2.3, cuda=True) is None
 
 
 def test_the_ordering_check_on_a_host_that_stays_busy_is_a_note(tmp_path, monkeypatch):

@@ -177,8 +177,8 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
                            "work was hidden from the stopwatch or the "
                            "stopwatch was tampered with"), "clock", bench,
                          best - (mine.host_ms or 0.0 if cuda else 0.0), explained,
-                         lambda: _reference_inflation(bench, cuda, best, explained, timed,
-                                                      reference_pass(calls)))
+                         (lambda: None) if cuda else lambda: _reference_inflation(
+                             bench, best, explained, timed, reference_pass(calls)))
 
 
 def _best_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int, allowed: float,
@@ -215,8 +215,8 @@ def _best_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int, all
             return best, passes
 
 
-def _reference_inflation(bench: Benchmark, cuda: bool, best: float, explained: float,
-                         timed: float, reference_ms: float | None) -> str | None:
+def _reference_inflation(bench: Benchmark, best: float, explained: float, timed: float,
+                         reference_ms: float | None) -> str | None:
     """Does the host's load explain a clock flag? Load stretches kbench's clock passes over
     the stopwatch's figures for any code, the reference's too: on a 2-core machine beside
     two busy loops, honest torch baselines' passes ran 2.5x their fastest timed calls to the
@@ -229,7 +229,7 @@ def _reference_inflation(bench: Benchmark, cuda: bool, best: float, explained: f
     work it queued before it was stopped still can, stretching the reference's passes.
     None where it does not explain the flag, or the reference could not be timed."""
     ref = bench.reference
-    if cuda or ref is None or reference_ms is None:
+    if ref is None or reference_ms is None:
         return None
     ref_explained, _ = _stopwatch(ref, cuda=False)
     if ref_explained <= 0:

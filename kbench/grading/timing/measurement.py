@@ -15,16 +15,14 @@ from kbench.shared import stats
 from kbench.shared.protocol import Samples
 
 # Work a call leaves on other streams is charged to it when the device stays busy after the
-# call's stream is done beyond what a probe with no side work sees right after the call, in the
-# lower quartiles over samples taken apart (after's less the probe's), for longer than this and
-# longer than this share of the call: below that it is indistinguishable from the host's
-# synchronisation jitter. A quartile, not the median: the host thread preempted before its
-# measurement (a busy host) adds delay to a sample and never takes any away, so each quartile
-# stays right with up to three samples of four delayed, where a median failed at half. Taken
-# apart, not over per-sample differences: a delay hits the probe as often as the call, and a
-# probe woken late makes its sample's difference small however much work the call left (on an
-# H200 beside 32 busy processes, work all on a private stream went uncharged over differences:
-# 2.8x its honest twin).
+# call's stream is done beyond what a probe with no side work sees right after the call: the
+# least of each over the samples, taken apart (the calls' less the probes'), for longer than
+# this and longer than this share of the call; below that it is indistinguishable from the
+# host's synchronisation jitter. Each reading is the side work plus the host thread's wake-up
+# (see kbench.worker.hold), which a busy host only lengthens, so neither least is below what
+# it measures, however many samples were delayed. A lower quartile of per-sample differences
+# failed there: on an H200 beside 32 busy processes, wake-ups of milliseconds hid the side
+# work of a call whose work all ran on a private stream (2.9x, its honest twin 0.77x).
 SIDE_WORK_MS = 0.03
 SIDE_WORK_SHARE = 0.1
 # Charged side work this large is not jitter but a call that returns before its output is
@@ -40,11 +38,10 @@ def summarise(rounds: list[Samples], nbytes: int | None) -> Measurement:
     """
     ms = [v for r in rounds for v in r.ms]
     after = [a - i for r in rounds for a, i in zip(r.after_ms, r.idle_ms, strict=True)]
-    side = _lower_quartile([a for r in rounds for a in r.after_ms]) - \
-        _lower_quartile([i for r in rounds for i in r.idle_ms])
+    side = min(a for r in rounds for a in r.after_ms) - min(i for r in rounds for i in r.idle_ms)
     charged = side > max(SIDE_WORK_MS, SIDE_WORK_SHARE * statistics.median(ms))
-    if charged:
-        ms = [v + max(0.0, a) for v, a in zip(ms, after, strict=True)]
+    if charged:  # each sample at least the side work seen at best
+        ms = [v + max(side, a) for v, a in zip(ms, after, strict=True)]
     est = stats.estimate(ms)
     max_sm = [r.max_sm_mhz for r in rounds if _number(r.max_sm_mhz)]
     return Measurement(
@@ -58,11 +55,6 @@ def summarise(rounds: list[Samples], nbytes: int | None) -> Measurement:
         slowed=sum(1 for r in rounds for v in r.slowed if v is True),
         l2_reset=all(r.persisting_l2_reset is not False for r in rounds),
         exclusive_hold=_all_true([r.exclusive_hold for r in rounds]))
-
-
-def _lower_quartile(values: list[float]) -> float:
-    return statistics.quantiles(values, n=4, method="inclusive")[0] if len(values) > 1 \
-        else values[0]
 
 
 def _number(value: object) -> bool:

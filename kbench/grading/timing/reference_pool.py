@@ -117,10 +117,11 @@ class ReferenceWorker:
         trips = []
         try:
             channel = self._open()
-            channel.call(protocol.Prepare(params=params, dtype=dtype, distribution=ctx.distribution,
-                                          model=ctx.spec(params, dtype), calls=calls),
-                         limit, stage)
-            for _ in range(passes):
+            for k in range(passes):  # a pass with the calls uses up its prepared input sets
+                if k == 0 or not empty:
+                    channel.call(protocol.Prepare(
+                        params=params, dtype=dtype, distribution=ctx.distribution,
+                        model=ctx.spec(params, dtype), calls=calls), limit, stage)
                 t0 = time.perf_counter()
                 channel.call(protocol.Clocked(empty), limit, stage)
                 trips.append(time.perf_counter() - t0)
