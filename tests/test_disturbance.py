@@ -94,12 +94,17 @@ def test_load_explains_a_clock_flag_only_as_far_as_the_reference_was_stretched()
     assert explains(3.11, honest, 2.0) is None  # the reference was not stretched
 
 
-def test_the_ordering_check_on_a_host_that_stays_busy_is_a_note(tmp_path, monkeypatch):
+def test_the_ordering_check_s_flag_stands_on_a_host_that_stays_busy(tmp_path, monkeypatch):
+    # Its side work is the least over the samples, which load does not shorten: tolerated,
+    # a private stream's work went uncharged at the small sizes (2.9x on a busy H200).
     flag = TimingFlag(Verdict(Status.FLAGGED, "the device stayed busy 3.06 ms"), "ordering",
                       clock_flag(0.0).bench)
-    with judge(tmp_path, monkeypatch, BUSY, final=True) as j:
+    with judge(tmp_path, monkeypatch, BUSY, final=False) as j, pytest.raises(Deferred):
+        j.checked(raising(flag))  # graded again alone at the end first
+    with judge(tmp_path, monkeypatch, BUSY, final=True) as j, pytest.raises(TimingFlag) as kept:
         j.checked(raising(flag))
-        assert "ordering check could not tell" in j.record().notes[0]
+    assert "timed again alone at the end, the host still disturbed" in \
+        kept.value.verdict.reason
 
 
 def test_a_build_beside_defers_but_the_log_is_not_asked_in_the_last_pass(tmp_path,
