@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import types
+from dataclasses import replace
 
 import psutil
 import pytest
@@ -260,8 +261,15 @@ def test_a_problem_told_to_come_next_compiles_ahead_and_stops_while_another_is_t
     # drift check were timed.
     assert stopped[str(tasks[1])] >= 4 and stopped[str(tasks[0])] >= 1  # its own: timed
     assert [e.result.status.value for e in events if e.result] == ["ok"]
+    # Its record waits for a submission of it graded here: another slot may grade it.
+    assert {e.problem.path for e in events if e.problem} == {str(tasks[0])}
     (executor,) = units._executors.values()  # the next problem's, kept for its turn
     compiling = executor.problems[(str(tasks[1]), "l2norm")].compiling
     assert compiling.task == str(tasks[1]) and compiling.ahead is not None
-    units.finish(events.append)  # the slot is done: it ends, never timed
-    assert compiling.ahead is None and not compiling.timed
+    later: list[units.Event] = []  # its turn: its screening's record first, then its own
+    units.run(replace(unit, jobs=[then], soon=()), later.append)
+    records = [e.problem for e in later if e.problem]
+    assert records[0].path == str(tasks[1]) and "screening" in records[0].stage_s
+    assert [e.result.status.value for e in later if e.result] == ["ok"]
+    assert compiling.timed and Compiling.made == [str(tasks[1]), str(tasks[0])]
+    units.finish(events.append)

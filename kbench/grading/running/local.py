@@ -65,6 +65,8 @@ class LocalExecutor:
         # submission), or why it cannot be graded.
         self.problems: dict[tuple[str, str], OpenProblem | str] = {}
         self.repairs = 0  # the pipeline's repairs seen so far (_after_repairs)
+        # The records of problems opened ahead of their turn (prepare), not yet given.
+        self.unsaid: dict[tuple[str, str], ProblemRun] = {}
 
     def watch_store(self, presence: Presence) -> None:
         """The store's folder counts as shared with other kbench processes too."""
@@ -111,18 +113,21 @@ class LocalExecutor:
             self.say(f"note: {note}")
             self.notes.append(note)
 
-    def prepare(self, jobs: list[Job], sink: Sink) -> None:
+    def prepare(self, jobs: list[Job]) -> None:
         """The problems of ``jobs``, graded here next as far as the driver knows (a slot's
         unit says: kbench.grading.running.slots), screened now and their torch.compile
         baselines compiled on the spare cores meanwhile, where the run has them (else
-        nothing is done ahead)."""
+        nothing is done ahead). Their records wait for a submission of theirs graded here:
+        another slot may grade them instead, and the driver keeps the first slot's record
+        of a problem (kbench.grading.running.units.Delivery)."""
         if self.spare is None:
             return
         for job in jobs:
+            key = (job.task, job.problem)
             with contextlib.suppress(CaseError):  # said when the job itself is graded
-                if (job.task, job.problem) not in self.problems and \
-                        isinstance(problem := self._open(job, sink), OpenProblem) and \
-                        _small(problem.ctx):
+                if key not in self.problems and isinstance(
+                        problem := self._open(job, _Unsaid(self.unsaid, key)), OpenProblem) \
+                        and _small(problem.ctx):
                     problem.compile_ahead()
 
     def _readied(self) -> list[Channel]:
@@ -191,11 +196,12 @@ class LocalExecutor:
              defer: Callable[[Job], None] | None, upcoming: Submission | None) -> None:
         """One job graded on its problem (opened here if it is not yet); a problem that
         cannot be graded gives it task_error."""
-        problem = self._open(job, sink)
+        key, problem = (job.task, job.problem), self._open(job, sink)
+        if (record := self.unsaid.pop(key, None)) is not None:
+            sink.problem(record)  # opened ahead of its turn (prepare)
         if isinstance(problem, str):
             sink.result(_task_error(job, problem))
             return
-        key = (job.task, job.problem)
         self.problems[key] = self.problems.pop(key)  # the latest used last
         opened = [p for p in self.problems.values() if isinstance(p, OpenProblem) and p.is_open]
         for other in opened[:max(0, len(opened) - _HELD_OPEN + (not problem.is_open))]:
@@ -248,6 +254,16 @@ class LocalExecutor:
         if lines := changed().lines:
             return Built(tampered("while building", lines), made.seconds)
         return made
+
+
+class _Unsaid:
+    """The sink a problem opened ahead of its turn is screened into: its record is kept."""
+
+    def __init__(self, into: dict[tuple[str, str], ProblemRun], key: tuple[str, str]) -> None:
+        self.into, self.key = into, key
+
+    def problem(self, problem: ProblemRun) -> None:
+        self.into[self.key] = problem
 
 
 # Device memory a problem compiled ahead of its turn may hold while others are graded (its

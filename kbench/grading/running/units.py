@@ -162,7 +162,7 @@ def run(unit: Unit, emit: Emit) -> None:
     executor.environment_problem = unit.environment_problem
     executor.spare = Spare(unit.spare, OWN_CORES_NICE) if unit.spare else None  # a split's
     executor.watcher.for_run(unit.run_tasks, unit.run_files)
-    executor.prepare(list(unit.soon), EventSink(emit))
+    executor.prepare(list(unit.soon))
     executor.run(unit.jobs, EventSink(emit), unit.built,
                  None if unit.final else lambda job: emit(Event(defer=job)), close=unit.last)
 
