@@ -231,9 +231,9 @@ class _Profile(Ahead):
     """Where what ran will be profiled and the run has spare cores: a process of the
     submission that loads it there, starts the profiler (its first start: 3.9 s on an H100)
     and profiles the calls at ``sizes`` while the submission is checked in its own process,
-    stopped with the rest whenever anything is timed. Profiled only after the timing, the
-    profiles took 59 s of the bundled set's 359 on one H200, most of it this process's start
-    stopped during the timing."""
+    stopped with the rest whenever anything is timed. On one H200 the bundled set's profiles
+    cost 59 s when taken only after the timing, and 61 s so: the process is mostly still
+    loading when the timing begins, and stays stopped throughout it."""
 
     def __init__(self, ctx: Context, sub: Submission, log: str, sizes: list[Params]) -> None:
         spec = ctx.load_spec()
