@@ -23,7 +23,7 @@ from kbench.grading.options import TimingMode
 from kbench.grading.running.submission import Slot
 from kbench.grading.timing import alternating, measurement
 from kbench.grading.timing.compiled import Compiled
-from kbench.grading.timing.reference_pool import ReferencePool, unfit
+from kbench.grading.timing.reference_pool import ReferencePool, reference_log, unfit_cases
 from kbench.host import activity, backends, spawn
 from kbench.problems.discovery import Submission
 from kbench.results.run_record import Benchmark, ProblemRun, SubmissionResult
@@ -104,10 +104,8 @@ class OpenProblem:
         if self.compiling is None and self.compiled is None and ctx.options.timed and \
                 ctx.options.rigour.compile_baseline and \
                 ctx.task.timing[ctx.device.type].compile_reference:
-            skips = self.pool.skips if self.pool is not None else \
-                [unfit(ctx, params) for params in ctx.benchmarks]
-            self.compiling = Compiled(ctx, f"{ctx.task.name.replace('/', '__')}.reference",
-                                      skips)
+            skips = self.pool.skips if self.pool is not None else unfit_cases(ctx)
+            self.compiling = Compiled(ctx, reference_log(ctx), skips)
             self.compiling.start()
 
     def close(self, sink: Sink) -> None:

@@ -170,7 +170,7 @@ class ReferencePool:
         """``copy_gbps``: the copy bandwidth if this run measured it already."""
         self.ctx = ctx
         self.skips: list[str | None] = [None] * len(ctx.benchmarks)
-        log = f"{ctx.task.name.replace('/', '__')}.reference"
+        log = reference_log(ctx)
         self.main = ReferenceWorker(ctx, log, self.skips, checks=True)
         self.main.copy_gbps = copy_gbps
         self.rounds = [self.main] + [ReferenceWorker(ctx, f"{log}.round{r + 1}", self.skips)
@@ -215,7 +215,7 @@ class ReferencePool:
 
     def plan(self) -> None:
         """Which benchmark cases fit in memory here (see unfit)."""
-        self.skips[:] = [unfit(self.ctx, params) for params in self.ctx.benchmarks]
+        self.skips[:] = unfit_cases(self.ctx)
 
     def time_all(self, only: list[Samples | None] | None = None) -> list[Samples | None]:
         """One round of every case (with ``only``: of the cases timed then)."""
@@ -265,6 +265,16 @@ class ReferencePool:
                          + ". Speedups are not affected as much: each divides reference "
                          "rounds taken alternately with the submission's.")
         return table, notes
+
+
+def reference_log(ctx: Context) -> str:
+    """The name the reference's processes' logs start with (its torch.compile's too)."""
+    return f"{ctx.task.name.replace('/', '__')}.reference"
+
+
+def unfit_cases(ctx: Context) -> list[str | None]:
+    """Per benchmark case, why it cannot run here (unfit), if it cannot."""
+    return [unfit(ctx, params) for params in ctx.benchmarks]
 
 
 def unfit(ctx: Context, params: Params) -> str | None:
