@@ -18,7 +18,9 @@
 #                                       forged-stopwatch fixtures, all at once (warm builds);
 #                                       SIZES="16 16384 8192 8192" times only those sizes
 #                                       (on an H200 the forged-stopwatch fixtures are caught at
-#                                       8192x8192, not at 4096x4096: the clock's slack)
+#                                       8192x8192, not at 4096x4096: the clock's slack);
+#                                       PHASES=idle,load each run idle first; each run's
+#                                       results in $OUT/runs-gpuN/PHASE-RUN.json
 #   bench/timed_batch.sh few PROBLEM... those level-1 problems' samples, --profile quick, cold,
 #                                       on one GPU: where each timed sample's seconds went
 #   bench/timed_batch.sh bundled PROFILE [CACHE]
@@ -57,7 +59,8 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/host.txt"
 echo "cores $(nproc); torch $(python3 -c 'import torch; print(torch.__version__)'); commit \
-$(git rev-parse --short HEAD 2>/dev/null || echo '(tree)')" >> "$OUT/host.txt"
+$(git rev-parse --short HEAD 2>/dev/null || echo '(tree)')$(git diff --quiet HEAD 2>/dev/null \
+|| echo ' with uncommitted changes')" >> "$OUT/host.txt"
 
 batch() {  # real_batch.py over the first FIRST level-1 samples; $1: kbench's --out, rest: more
     local out=$1; shift
@@ -199,7 +202,8 @@ yaml.safe_dump(t, open('$task', 'w'))" "$SIZES" || exit 1
     busy=$(( 2 * $(nproc) / $# ))
     for gpu in "$@"; do
         CUDA_VISIBLE_DEVICES=$gpu timeout "$(left 15)" python3 bench/under_load.py "${files[@]}" \
-            --device cuda --runs "${RUNS:-1}" --phases load --busy $busy -- --task $task \
+            --device cuda --runs "${RUNS:-1}" --phases "${PHASES:-load}" --busy $busy \
+            --keep "$OUT/runs-gpu$gpu" -- --task $task \
             --profile quick \
             --cache-dir "$cache" > "$OUT/load-gpu$gpu.log" 2>&1 &
     done

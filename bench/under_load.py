@@ -127,6 +127,9 @@ def grade(paths: list[str], args: argparse.Namespace, out: Path, cache: Path, se
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
     results = json.loads((out / "results.json").read_text())
+    if args.keep:  # each run's results, for the evidence: PHASE-RUN.json
+        args.keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(out / "results.json", args.keep / f"{args.phase_run}.json")
     shutil.rmtree(out)
     return {s["name"]: s for s in results["submissions"]}
 
@@ -197,6 +200,8 @@ def main() -> int:
                         help="which of idle and load each run grades (default both)")
     parser.add_argument("--honest", action="store_true",
                         help="every file is honest: a flag on any is a problem")
+    parser.add_argument("--keep", type=Path, help="a folder to keep each run's results.json "
+                        "in, as PHASE-RUN.json")
     parser.add_argument("--same", action="store_true", help="every file computes its "
                         "reference's own expression: a clear interval without 1.0 is a problem")
     argv = sys.argv[1:]
@@ -217,6 +222,7 @@ def main() -> int:
             seed = secrets.randbits(31)
             for phase in args.phases:
                 start = time.monotonic()
+                args.phase_run = f"{phase}-{run + 1}"
                 with busy(args.busy if phase == "load" else 0, args.kind, args.nice):
                     subs = grade(paths, args, scratch_dir / "out", scratch_dir / "cache",
                                  seed, task)

@@ -162,7 +162,8 @@ class _FailingClock:
     def __init__(self, skipped: str | None = None) -> None:
         self.skips, self.failure, self.asked = [skipped], "worker killed by signal SIGKILL", 0
 
-    def clocked_trips(self, index: int, calls: int, passes: int) -> list[float]:
+    def clocked_trips(self, index: int, calls: int, passes: int, wait_ms: float = 0.0
+                      ) -> list[float]:
         self.asked += 1
         return []
 

@@ -237,15 +237,15 @@ def _clock(monkeypatch, passes: list[tuple[float, float]], disturbed: bool,
     from kbench.grading.timing import integrity
     left = list(passes)
     monkeypatch.setattr(integrity, "_clocked_pass",
-                        lambda ctx, channel, bench, calls, fastest_s: tuple(
-                            ms * calls / 1e3 for ms in left.pop(0)))
+                        lambda ctx, channel, bench, plan, fastest_s: tuple(
+                            ms * plan[0] / 1e3 for ms in left.pop(0)))
     ctx = SimpleNamespace(options=SimpleNamespace(timing=TimingMode.EAGER),
                           device=torch.device(device))
     bench = Benchmark(params={"rows": 8}, dtype="float32", candidate=Measurement(
         ms=median, ci=[0.99, median + 0.01], samples=50, fastest_ms=1.0, host_ms=0.0))
     sets = [list(kbench_empty), *later]
-    integrity.trusted_clock(ctx, None, bench, lambda: disturbed, lambda calls, passes: [
-        ms * calls / 1e3 for ms in (sets.pop(0) if len(sets) > 1 else sets[0])])
+    integrity.trusted_clock(ctx, None, bench, lambda: disturbed, lambda calls, passes, wait: [
+        ms * calls / 1e3 for ms in (sets.pop(0) if len(sets) > 1 else sets[0])][:passes])
     return bench, left
 
 
@@ -336,12 +336,12 @@ def test_a_clocked_pass_is_sized_by_its_input_draws_as_timed_in_kbench_s_process
     # The draws' cost comes from a short empty pass in kbench's process, before the passes.
     asked = []
 
-    def kbench_empty(calls: int, passes: int) -> list[float]:
-        asked.append((calls, passes))
+    def kbench_empty(calls: int, passes: int, wait_ms: float) -> list[float]:
+        asked.append((calls, passes, wait_ms))
         return [calls * 0.2e-3 + 1e-4] * passes  # 0.2 ms a draw, 0.1 ms a round trip
 
-    monkeypatch.setattr(integrity, "_clocked_pass", lambda ctx, channel, bench, calls,
-                        fastest_s: (calls * 0.2e-3, calls * 0.23e-3))
+    monkeypatch.setattr(integrity, "_clocked_pass", lambda ctx, channel, bench, plan,
+                        fastest_s: (plan[0] * 0.2e-3, plan[0] * 0.23e-3))
     ctx = SimpleNamespace(options=SimpleNamespace(timing=TimingMode.EAGER),
                           device=torch.device("cuda"))
     bench = Benchmark(params={"rows": 8}, dtype="float32",
@@ -349,7 +349,8 @@ def test_a_clocked_pass_is_sized_by_its_input_draws_as_timed_in_kbench_s_process
                                             host_ms=0.02))
     integrity.trusted_clock(ctx, None, bench, lambda: False, kbench_empty)
     calls = integrity.clocked_calls(0.01, (16 * 0.2e-3 + 1e-4) * 1e3 / 16)
-    assert asked == [(16, 1), (calls, 3)] and 100 < calls < 130
+    # The probe waits on nothing; the passes' empty trips wait as long as the call's figure.
+    assert asked == [(16, 1, 0.0), (calls, 3, 0.01)] and 100 < calls < 130
     assert bench.candidate.trusted_ms == pytest.approx(0.03, abs=0.002)
 
 
@@ -387,8 +388,89 @@ def test_a_clocked_pass_s_outputs_are_verified_where_its_calls_are_the_fastest_y
                           distribution="normal", spec=lambda params, dtype: None)
     bench, channel, fastest = Benchmark(params={"rows": 8}, dtype="float32"), _Channel(), 1e9
     for _ in range(3):
-        fastest = min(fastest, integrity._clocked_pass(ctx, channel, bench, 4, fastest)[1])
+        fastest = min(fastest, integrity._clocked_pass(ctx, channel, bench, (4, 0.0),
+                                                       fastest)[1])
     assert verified == [1, 3] and channel.released == 1
+
+
+def test_an_empty_pass_waits_on_the_device_as_the_calls_do_and_its_wait_is_taken_out(
+        monkeypatch):
+    from types import SimpleNamespace
+
+    from kbench.grading.timing import integrity
+    from kbench.shared import protocol
+
+    # The empty pass is asked to wait 0.5 ms in each call's place and says it waited 2 ms
+    # in all (four calls): its trip counts without them. A figure that is no number, or is
+    # negative, counts nothing: the trip as it was timed.
+    monkeypatch.setattr(integrity, "verify", lambda ctx, channel, params, kept: None)
+    asked = []
+
+    class _Channel:
+        def __init__(self, waited: float) -> None:
+            self.waited = waited
+
+        def call(self, request, limit, stage):
+            if isinstance(request, protocol.Clocked):
+                asked.append((request.empty, request.wait_ms))
+                return protocol.ClockedPass(calls=4, kept=[1], waited_ms=self.waited)
+            return protocol.Prepared(calls=4)
+
+    ctx = SimpleNamespace(task=SimpleNamespace(limits=SimpleNamespace(benchmark_s=10, case_s=10),
+                                               benchmark_dtype="float32"),
+                          distribution="normal", spec=lambda params, dtype: None)
+    bench = Benchmark(params={"rows": 8}, dtype="float32")
+    empty, _ = integrity._clocked_pass(ctx, _Channel(2.0), bench, (4, 0.5), 1e9)
+    assert asked == [(True, 0.5), (False, 0.0)] and empty == pytest.approx(-2e-3, abs=5e-4)
+    for odd in (float("nan"), float("inf"), -5.0):
+        assert integrity._clocked_pass(ctx, _Channel(odd), bench, (4, 0.5), 1e9)[0] >= 0
+
+
+def test_on_a_disturbed_host_one_lucky_pass_explains_nothing(monkeypatch):
+    # H200 beside 32 busy processes: the first pass's empty trip slowed by load and its full
+    # one not read 0.5 ms a call against 2.5 allowed, and a stopwatch forged to a third
+    # (calls of 3 ms said to take 1) went no further: ok at 2.6x. On a disturbed host kbench
+    # times its own empty trip with every pass and believes no explanation before two sets
+    # of passes, by which the empty trips' least is 0.1: flagged. On a quiet host, one
+    # explained pass still ends the clock.
+    lucky = [(2.6, 3.1)] + [(0.1, 3.1)] * 30
+    with pytest.raises(TimingFlag, match="kbench's own clock took 3 ms"):
+        _clock(monkeypatch, lucky, disturbed=True, kbench_empty=[2.7, 2.8, 2.9],
+               later=[[2.7]] * 3 + [[0.1]])
+    bench, left = _clock(monkeypatch, [(0.1, 1.2)] * 8, disturbed=True, kbench_empty=[0.1] * 3)
+    assert bench.candidate.trusted_ms == pytest.approx(1.1) and len(left) == 2
+    bench, left = _clock(monkeypatch, [(0.1, 1.2)] * 8, disturbed=False, kbench_empty=[0.1] * 3)
+    assert len(left) == 7
+
+
+def test_a_clock_that_cannot_read_the_calls_under_load_accuses_nobody(tmp_path, monkeypatch):
+    # H200 beside 32 busy processes: a stopwatch forged to a third read 0 ms a call in 24
+    # passes, its empty trips as long as its full ones (the host thread late after every
+    # call, whatever the device did), and passed at 2.6x. Under half the figure, on a
+    # disturbed GPU host, is no reading: the passes go on to the budget, and end unreadable,
+    # not explained; no accusation either. On a quiet host such a pass is explained as
+    # before (an honest call's warm pass may beat its flushed figure).
+    blind = [(3.0, 3.0)] * 24
+    with pytest.raises(TimingFlag, match="cannot tell the calls' time") as raised:
+        _clock(monkeypatch, blind, disturbed=True, device="cuda", kbench_empty=[3.0] * 3)
+    flag = raised.value
+    assert not flag.accuses and flag.verdict.status is Status.OK and flag.seen_ms == 3.0
+    assert flag.bench.candidate.trusted_ms is None
+    bench, left = _clock(monkeypatch, blind, disturbed=False, device="cuda",
+                         kbench_empty=[3.0] * 3)
+    assert bench.candidate.trusted_ms == 0.0 and len(left) == 23
+    # The rule: graded again alone; there, still unreadable, a note and the interval
+    # widened to what the clock's fastest pass took a call; never a flag, even on a host
+    # that reads quiet by then.
+    unread = clock_flag(3.0)
+    unread.accuses = False
+    for reading in (BUSY, QUIET):
+        with judge(tmp_path, monkeypatch, reading, final=False) as j, pytest.raises(Deferred):
+            j.checked(raising(unread))
+        with judge(tmp_path, monkeypatch, reading, final=True) as j:
+            j.checked(raising(unread))
+            assert "clock check could not tell" in j.record().notes[0]
+    assert unread.bench.candidate.ci[1] == 3.0
 
 
 def test_a_call_that_waited_on_the_device_is_charged_its_side_work_but_not_flagged():

@@ -211,3 +211,18 @@ def test_a_cute_dsl_compile_error_is_a_build_error_quoting_it(tmp_path, cache_di
     assert code == 0 and broken["backend"] == "cute_dsl", broken
     assert broken["status"] == "build_error", broken["reason"]
     assert "CuTe DSL: NameError" in broken["reason"] and "undefined_scale" in broken["reason"]
+
+
+def test_an_empty_clocked_pass_waits_on_the_device_as_long_as_asked():
+    # kbench's clock subtracts the empty pass's waits by their events (integrity._clocked_pass):
+    # four waits of 0.5 ms, each synchronised like a call of a pass, read about 2 ms in all.
+    import torch
+
+    from kbench.worker.hold import DeviceWait
+    from kbench.worker.kept import clocked
+    from kbench.worker.timing import clocks_of
+
+    device = torch.device("cuda")
+    wait = DeviceWait(0.5, clocks_of(device).max_sm_mhz)
+    clocked(wait, lambda i: [], 4, device)
+    assert 1.5 < wait.waited_ms() < 3.0, wait.waited_ms()

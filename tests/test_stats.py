@@ -101,7 +101,9 @@ def test_every_timed_call_gets_a_fresh_input_set_made_outside_the_clock():
                          max_samples=20, budget_ms=10_000, target_ci=1e-9)
     timed = seen[-20:]
     assert len(set(timed)) == 20 and 0 not in timed  # never the warm-up set, never twice
-    assert max(samples.ms) < 5  # the 5 ms spent making inputs is outside every sample
+    # The 5 ms spent making inputs is outside every sample: inside, every sample would take
+    # 5 ms; a sample the host's scheduler delays once (another process on the cores) may.
+    assert sum(ms >= 5 for ms in samples.ms) <= 2, samples.ms
 
 
 def test_calls_rotate_over_buffers_and_outputs_are_kept_to_verify():

@@ -4,9 +4,8 @@ Both sides import this module; it imports, of kbench's, only kbench.shared.wire 
 and the standard library). A message crosses the channel as a plain dict, ``{"v": VERSION, "kind":
 class name, field: value, ...}``, so the parent's allow-list unpickler (kbench.sandbox) never
 needs to build a kbench class from a worker's bytes. ``decode`` turns a dict back into its
-dataclass and checks every field's type against the dataclass's annotations (kbench.shared.wire):
-an answer from a worker is data from a process that may run candidate code, so nothing is
-used unchecked.
+dataclass and checks every field's type against its annotations (kbench.shared.wire): an answer
+from a worker is data from a process that may run candidate code: nothing is used unchecked.
 
 Requests and the answer each expects:
 
@@ -223,6 +222,7 @@ class Prepared:
 class ClockedPass:
     calls: int
     kept: list[int]
+    waited_ms: float = 0.0  # device time of an empty pass's waits (Clocked.wait_ms), by events
 
 
 @dataclass(frozen=True)
@@ -312,7 +312,8 @@ class TimeTrials(Drawn):
 @dataclass(frozen=True)
 class Clocked:
     answers: ClassVar[tuple[type, ...]] = (ClockedPass,)
-    empty: bool  # the same loop with no call in it
+    empty: bool  # the same loop with no call in it; on a GPU a device wait in each call's
+    wait_ms: float = 0.0  # place, this long (kbench.worker.hold.DeviceWait)
 
 
 @dataclass(frozen=True)

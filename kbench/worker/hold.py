@@ -44,7 +44,7 @@ class Hold:
     WINDOW = 20  # latest dispatch times the hold is sized from
 
     def __init__(self, device: torch.device, sm_mhz: int | None) -> None:
-        self.cycles_per_ms = (sm_mhz or 2000) * 1000
+        self.cycles_per_ms = _cycles_per_ms(sm_mhz)
         self.ms = 0.05
         self.recent: deque[float] = deque(maxlen=self.WINDOW)
         self.spin_all = _spin_all_sms(device)
@@ -174,6 +174,11 @@ def _busy_after(end: torch.cuda.Event, stream: torch.cuda.Stream) -> float:
     return _elapsed(end, idle)
 
 
+def _cycles_per_ms(sm_mhz: int | None) -> int:
+    """Spin cycles a millisecond at the device's top SM clock (2 GHz where NVML gives none)."""
+    return (sm_mhz or 2000) * 1000
+
+
 def idle_probe(wait_ms: float, cycles_per_ms: float) -> float:
     """``_busy_after`` for a spin of ``wait_ms`` (50 us to 2 ms) that keeps only the current
     stream busy: the host's wake-up time alone, for the trusted side to subtract. It is
@@ -185,3 +190,29 @@ def idle_probe(wait_ms: float, cycles_per_ms: float) -> float:
     _spin(int(min(2.0, max(0.05, wait_ms)) * cycles_per_ms))
     _record(end, stream)
     return _busy_after(end, stream)
+
+
+class DeviceWait:
+    """A call's stand-in in an empty clocked pass on a GPU (kbench.worker.kept.clocked): the
+    device spun ``ms`` (the call's figure), between two events. The host then waits on the
+    device after each "call" as it does after a real one, and on a busy host its thread is
+    woken as late: on an H200 beside 32 busy processes an honest call's clocked pass ran 0.889
+    ms a call against 0.567 explained while the empty pass, with nothing to wait for, stayed
+    short. The trusted side takes the spins' own device time (``waited_ms``) out again."""
+
+    def __init__(self, ms: float, sm_mhz: int | None) -> None:
+        self.cycles = int(ms * _cycles_per_ms(sm_mhz))
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        _spin(1)  # the spin's module loaded now, not between the first wait's events
+
+    def __call__(self, args: list) -> None:
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        stream = _current_stream()
+        _record(start, stream)
+        _spin(self.cycles)
+        _record(end, stream)
+        self.events.append((start, end))
+
+    def waited_ms(self) -> float:
+        """The spins' device time in all (every spin done: the pass synchronised after each)."""
+        return sum(_elapsed(start, end) for start, end in self.events)

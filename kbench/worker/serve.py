@@ -39,9 +39,10 @@ from kbench.shared import protocol as p
 from kbench.shared.fingerprint import weight_sums
 from kbench.shared.outputs import Unsupported, flatten
 from kbench.worker import prebuilt
+from kbench.worker.hold import DeviceWait
 from kbench.worker.kept import HELD_BY_A_PASS, clocked
 from kbench.worker.kernels import kernels_of, prepare_profiler
-from kbench.worker.timing import measure, rotation, set_bytes, synchronizer, warm_up
+from kbench.worker.timing import clocks_of, measure, rotation, set_bytes, synchronizer, warm_up
 from kbench.worker.trials import trials
 
 _MODELS_KEPT = 2  # instances kept at once (cases of other sizes or dtypes build their own)
@@ -212,7 +213,8 @@ class Worker:
     def clocked(self, r: p.Clocked) -> p.Answer:
         """The prepared pass: call i takes set i modulo the sets, which gets new values from a
         new secret seed whenever its turn comes round again, so no call sees an input twice;
-        ``empty``: the same loop, new values included, with no call."""
+        ``empty``: the same loop, new values included, with no call (on a GPU a wait on the
+        device in its place, ``wait_ms`` long)."""
         sets, plan = self.prepared, self.pass_plan
         if plan is None or not sets:
             return p.Failed(p.WorkerError("benchmark", "kbench.NotPrepared",
@@ -231,14 +233,17 @@ class Worker:
             model = self._model(plan.model)
         except BaseException as exc:
             return _error("init", exc)
-        call = (lambda args: None) if r.empty else (lambda args: model(*args))
+        wait = DeviceWait(r.wait_ms, clocks_of(self.device).max_sm_mhz) \
+            if r.empty and r.wait_ms > 0 and self.device.type == "cuda" else None
+        call = wait or ((lambda args: None) if r.empty else (lambda args: model(*args)))
         try:
             with torch.no_grad():
                 kept = clocked(call, inputs, plan.calls, self.device)
+            waited_ms = wait.waited_ms() if wait else 0.0
         except BaseException as exc:
             return _error("benchmark", exc)
         if r.empty:
-            return p.ClockedPass(plan.calls, [])
+            return p.ClockedPass(plan.calls, [], waited_ms)
         self.prepared = []
         self.kept = {i: (out, norm, seeds[i]) for i, (out, norm) in kept.items()}
         return p.ClockedPass(plan.calls, sorted(kept))

@@ -64,7 +64,7 @@ class _ColdCache:
 
 
 @functools.cache
-def _clocks(device: torch.device) -> Clocks:
+def clocks_of(device: torch.device) -> Clocks:
     """The device's NVML handle, made once per process (each round used to make its own)."""
     return Clocks(device)
 
@@ -137,7 +137,7 @@ def measure(call: Callable[[list], object], inputs: Inputs, device: torch.device
         raise ValueError(f"timing mode {mode!r}: expected 'eager', or 'graph' on CUDA")
     sync = synchronizer(device)
     cache = _ColdCache(device, flush)
-    clocks = _clocks(device)
+    clocks = clocks_of(device)
     out = Samples(max_sm_mhz=clocks.max_sm_mhz,
                   persisting_l2_reset=cache.reset is not None if cache.cuda and flush else None)
 

@@ -116,7 +116,8 @@ def time_submission(ctx: Context, channel: Channel, result: SubmissionResult,
         with part("clock"):
             judge.checked(lambda b=bench, i=i: integrity.trusted_clock(
                 ctx, channel, b, judge.disturbed,
-                lambda calls, passes: _empty_trips(pool, [channel], i, calls, passes),
+                lambda calls, passes, wait_ms: _empty_trips(pool, [channel], i, calls, passes,
+                                                            wait_ms),
                 lambda calls: _reference_pass(pool, [channel], i, calls)))
     _speedups(ctx, result, reference, judge)
 
@@ -143,14 +144,14 @@ def _speedups(ctx: Context, result: SubmissionResult, reference: list[Benchmark]
 
 
 def _empty_trips(pool: ReferencePool, processes: list[Channel], index: int, calls: int,
-                 passes: int) -> list[float]:
+                 passes: int, wait_ms: float = 0.0) -> list[float]:
     """Empty clocked passes timed in the reference's clock process while the submission's
     processes are stopped: nothing of the submission can slow them. Where that process
     fails, once more in a new one; then kbench's own failure: the clock would otherwise
     subtract the submission's own empty passes, which it can pad."""
     for _ in range(2):
         with all_frozen(processes):
-            trips = pool.clock.clocked_trips(index, calls, passes)
+            trips = pool.clock.clocked_trips(index, calls, passes, wait_ms=wait_ms)
         if trips or pool.clock.skips[index] is not None:  # skipped: no speedup to trust
             return trips
     raise Stop(Verdict(Status.INTERNAL_ERROR, "kbench's clock: its empty passes could not be "

@@ -3,8 +3,10 @@ the ordering check: kbench.grading.timing.integrity.TimingFlag) raised while the
 by another build or timing of kbench beside it (kbench.host.activity) or by other processes
 keeping cores busy (kbench.host.load), is not final: the submission is graded again alone once
 everything else of the run is done, so that load that passes (builds, other slots' timings)
-convicts nobody. There, on a host still busy, the clock's flag stands unless (on a CPU) the
-reference's own calls, timed then on the same clock, were stretched as much
+convicts nobody. A clock that could not read the calls at all (integrity._best_pass) accuses
+nobody: graded again alone, and if still unreadable there, a note and the interval widened.
+There, on a host still busy, the clock's flag stands unless (on a CPU) the reference's own
+calls, timed then on the same clock, were stretched as much
 (kbench.grading.timing.integrity._reference_inflation): a fixed allowance for load cannot be
 granted safely, because load inflates a forged stopwatch's own figures too (under one of 2x,
 a stopwatch forged to a third was graded ok on a CI machine), while a stretch the reference
@@ -94,11 +96,14 @@ class Judge:
         # In the last pass the run is alone by construction; the log, which a submission's
         # process could write to, is not asked there.
         beside = [] if self.final else self._beside()
-        if not reading.disturbed and not beside:
+        if not reading.disturbed and not beside and flag.accuses:
             raise flag
         why = reading.text() + (f"; beside it: {', '.join(_named(beside))}" if beside else "")
         if not self.final:
             raise Deferred(f"{flag.verdict.reason} (while {why})")
+        if not flag.accuses:  # no reading, so no accusation: said, the interval widened
+            self._tolerate(flag, why)
+            return
         explained = flag.load_explains() if flag.check == "clock" else None
         if explained is None:
             raise TimingFlag(Verdict(Status.FLAGGED, f"{flag.verdict.reason}; timed again "

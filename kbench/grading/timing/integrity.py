@@ -61,6 +61,8 @@ _PASS_MS = 25.0
 _MIN_CALLS = 50
 _PROBE_CALLS = 16
 _CLOCK_SLACK = {"cuda": (0.15, 0.1), "cpu": (0.5, 1.0)}
+# On a disturbed GPU host, a best pass under this share of the figure is no reading (_best_pass).
+_READABLE_SHARE = 0.5
 
 # A call whose median host time is this share of the longest hold waited on the device.
 _WAITED_SHARE = 0.8
@@ -70,13 +72,15 @@ class TimingFlag(Stop):
     """A flag from a check that host load can fool (kbench's own clock, the ordering check):
     kbench.grading.timing.disturbance decides whether it stands. ``seen_ms``: the call's time per
     call as the check saw it, where that is what a disturbed timing's interval widens to;
-    ``explained_ms``: what the submission's own figures explain of it."""
+    ``explained_ms``: what the submission's own figures explain of it. ``accuses``: False
+    where the check could not read the call at all (never a flag: see trusted_clock)."""
 
     def __init__(self, verdict: Verdict, check: str, bench: Benchmark,
                  seen_ms: float | None = None, explained_ms: float | None = None,
-                 load_explains: Callable[[], str | None] = lambda: None) -> None:
+                 load_explains: Callable[[], str | None] = lambda: None,
+                 accuses: bool = True) -> None:
         super().__init__(verdict)
-        self.check, self.bench = check, bench
+        self.check, self.bench, self.accuses = check, bench, accuses
         self.seen_ms, self.explained_ms = seen_ms, explained_ms
         # Asked only where the host stayed busy to the end: why that load explains the flag
         # (see _reference_inflation), or None where it does not.
@@ -135,20 +139,24 @@ def clocked_calls(ms: float, draw_ms: float) -> int:
 
 def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
                   disturbed: Callable[[], bool] = lambda: False,
-                  kbench_empty: Callable[[int, int], list[float]] = lambda calls, passes: [],
+                  kbench_empty: Callable[[int, int, float], list[float]] =
+                  lambda calls, passes, wait_ms: [],
                   reference_pass: Callable[[int], float | None] = lambda calls: None
                   ) -> None:
     """Time calls on kbench's own clock, where the worker cannot reach: passes of calls back to
     back on fresh input sets (see kbench.worker.kept.clocked), each call followed by a
     device-wide synchronisation, no hold, no flush, as one request whose round trip is timed
-    here, and the same request with no call in it. The shortest trip with the calls less the
-    shortest without, per call, over the passes timed so far, must be explained by the
-    submission's figure (_stopwatch) plus its host dispatch time; work hidden from the
-    stopwatch, or a stopwatch tampered with in the worker, shows up as the difference:
-    flagged. The trips without calls include ``kbench_empty(calls, passes)``'s, timed in a
-    process of kbench's (the reference's): a worker slowing its own empty trips cannot shorten
-    the difference; a short empty pass there first gives the input draws' cost (clocked_calls).
-    Where kbench's empty trips decide, a set more confirms an explanation (_best_pass).
+    here, and the same request with no call in it (on a GPU, a wait on the device as long as
+    the figure in each call's place, its device time taken out: kbench.worker.hold.DeviceWait).
+    The shortest trip with the calls less the shortest without, per call, over the passes
+    timed so far, must be explained by the submission's figure (_stopwatch) plus its host
+    dispatch time; work hidden from the stopwatch, or a stopwatch tampered with in the worker,
+    shows up as the difference: flagged. The trips without calls include
+    ``kbench_empty(calls, passes, wait_ms)``'s, timed in a process of kbench's (the
+    reference's): a worker slowing its own empty trips cannot shorten the difference; a short
+    empty pass there first gives the input draws' cost (clocked_calls). Where kbench's empty
+    trips decide, a set more confirms an explanation; on a disturbed host kbench's are taken
+    with every pass, and an explanation needs two sets of passes (_best_pass).
     The fastest pass's outputs are verified too. Passes go on until one is explained (an honest
     kernel's first, mostly), two sets of _CLOCKED_PASSES at most; while ``disturbed()`` says
     the host is disturbed, more sets (_DISTURBED_ROUNDS in all). A flag carries how to ask
@@ -160,15 +168,24 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
     mine = bench.candidate
     calls = clocked_calls(mine.ms, 0.0)
     if calls > _MIN_CALLS:  # the draws' cost may lower it: timed in kbench's process
-        calls = clocked_calls(mine.ms, min(kbench_empty(_PROBE_CALLS, 1), default=0.0)
+        calls = clocked_calls(mine.ms, min(kbench_empty(_PROBE_CALLS, 1, 0.0), default=0.0)
                               * 1e3 / _PROBE_CALLS)
     cuda = ctx.device.type == "cuda"
     timed, what = _stopwatch(mine, cuda)
     explained = timed + (mine.host_ms or 0.0 if cuda else 0.0)
     share, ms = _CLOCK_SLACK[ctx.device.type]
     allowed = explained + share * timed + ms
-    best, passes = _best_pass(ctx, channel, bench, calls, allowed, disturbed, kbench_empty)
+    wait_ms = timed if cuda else 0.0
+    best, passes, full_ms = _best_pass(ctx, channel, bench, (calls, wait_ms), allowed,
+                                       disturbed,
+                                       lambda calls, passes: kbench_empty(calls, passes, wait_ms))
     mine.trusted_ms = best
+    if best is None:  # the clock could not read the calls under this load (see _best_pass)
+        raise TimingFlag(Verdict(Status.OK, f"benchmark {params_text(bench.params)}: kbench's "
+                                 f"own clock read under {_READABLE_SHARE:.0%} of the "
+                                 f"{timed:.4g} ms a call the stopwatch says in {passes} passes "
+                                 "on a disturbed host: it cannot tell the calls' time there"),
+                         "clock", bench, full_ms, accuses=False)
     if best > allowed:
         raise TimingFlag(Verdict(Status.FLAGGED, f"benchmark {params_text(bench.params)}: kbench's "
                            f"own clock took {best:.4g} ms per call at best in "
@@ -181,18 +198,27 @@ def trusted_clock(ctx: Context, channel: Channel, bench: Benchmark,
                              bench, best, explained, timed, reference_pass(calls)))
 
 
-def _best_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int, allowed: float,
-               disturbed: Callable[[], bool], kbench_empty: Callable[[int, int], list[float]]
-               ) -> tuple[float, int]:
-    """The clock's best ms per call and the passes it took (see trusted_clock): the shortest
-    round trip with the calls less the shortest without, kbench's own empty trips and the
-    worker's. Where kbench's decide and the explanation hangs on them (the calls' trip alone
-    would not be explained), another set of kbench's is taken after the worker's fastest
-    trip before it is believed: a worker padding its own empty trips leaves kbench's few to
-    decide, and with other processes on the cores those few can all run slow while one of
-    the worker's many trips with the calls runs quiet. On an H200 beside 32 busy processes,
-    a stopwatch forged to a third with its empty passes padded passed so, 1.92x at
-    8192x8192; on a quiet 2-core CPU, once in four runs."""
+def _best_pass(ctx: Context, channel: Channel, bench: Benchmark, plan: tuple[int, float],
+               allowed: float, disturbed: Callable[[], bool],
+               kbench_empty: Callable[[int, int], list[float]]
+               ) -> tuple[float | None, int, float]:
+    """The clock's best ms per call, the passes it took and the fastest trip with the calls
+    per call (see trusted_clock), for ``plan``: calls per pass, and the empty passes' device
+    wait per call (the figure, on a GPU). The best is the shortest round trip with the calls
+    less the shortest without, kbench's own empty trips and the worker's. Load only lengthens
+    a trip, so the difference falls below the calls' time only where the empty trips' least
+    is slowed more than the full ones': where few empty trips decide. So where kbench's
+    decide and the explanation hangs on them (the calls' trip alone would not be explained),
+    another set of kbench's is taken after the worker's fastest trip before it is believed: a
+    worker padding its own empty trips leaves kbench's few to decide (on an H200 beside 32
+    busy processes, a stopwatch forged to a third with its empty passes padded passed so,
+    1.92x at 8192x8192; on a quiet 2-core CPU, once in four runs). On a disturbed host
+    kbench's empty trip is taken with every pass and no explanation is believed before two
+    sets of passes, nor one under _READABLE_SHARE of the figure: with every core busy twice
+    over, the host thread's lateness after each call can outlast the call's device time,
+    and a stopwatch forged to a third read 0 ms a call on an H200 in 24 passes. Where the
+    passes end on such a reading the best is None: unreadable."""
+    calls, wait_ms = plan
     kbench_s = min(kbench_empty(calls, _CLOCKED_PASSES), default=math.inf)
     worker_s = full = math.inf
     passes, confirmed = 0, False  # confirmed: kbench's taken since the fastest trip
@@ -201,18 +227,25 @@ def _best_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int, all
         return max(0.0, full - min(kbench_s, worker_s)) * 1e3 / calls
 
     while True:
-        trips = _clocked_pass(ctx, channel, bench, calls, full)
+        trips = _clocked_pass(ctx, channel, bench, plan, full)
         confirmed = confirmed and trips[1] >= full
         worker_s, full = min(worker_s, trips[0]), min(full, trips[1])
-        best, passes = per_call(), passes + 1
+        passes += 1
+        steady = not disturbed()
+        if not steady:
+            kbench_s = min([kbench_s, *kbench_empty(calls, 1)])
+        best = per_call()
         if best <= allowed < full * 1e3 / calls and kbench_s < worker_s and not confirmed:
             kbench_s = min([kbench_s, *kbench_empty(calls, _CLOCKED_PASSES)])
             best, confirmed = per_call(), True
-        if best <= allowed or passes >= _DISTURBED_ROUNDS * _CLOCKED_PASSES:
-            return best, passes
+        readable = steady or best >= _READABLE_SHARE * wait_ms
+        explained = best <= allowed and (steady or (
+            readable and passes >= _CLOCKED_ROUNDS * _CLOCKED_PASSES))
+        if explained or passes >= _DISTURBED_ROUNDS * _CLOCKED_PASSES:
+            return best if readable else None, passes, full * 1e3 / calls
         if passes >= _CLOCKED_ROUNDS * _CLOCKED_PASSES and passes % _CLOCKED_PASSES == 0 \
-                and not disturbed():
-            return best, passes
+                and steady:
+            return best, passes, full * 1e3 / calls
 
 
 def _reference_inflation(bench: Benchmark, best: float, explained: float, timed: float,
@@ -257,11 +290,12 @@ def _stopwatch(mine: Measurement, cuda: bool) -> tuple[float, str]:
     return mine.fastest_ms, "its fastest timed call"
 
 
-def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int,
+def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, plan: tuple[int, float],
                   fastest_s: float) -> tuple[float, float]:
-    """One pass of ``calls`` calls: the seconds of the request's round trip with no call in
-    it and with the calls, on kbench's clock; the pass's outputs verified where its calls'
-    trip is the fastest yet (under ``fastest_s``). The best pass is the shortest round trip
+    """One pass of ``plan``'s calls: the seconds of the request's round trip with no call in
+    it (its device waits, ``plan``'s ms each, taken out) and with the calls, on kbench's
+    clock; the pass's outputs verified where its calls' trip is the fastest yet (under
+    ``fastest_s``). The best pass is the shortest round trip
     with the calls less the shortest without: load only lengthens a round trip, so neither
     minimum is below what it measures, where a difference taken pass by pass (an empty trip
     slowed, the full one not) can fall below the calls' time, and the least of many such
@@ -272,6 +306,7 @@ def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int,
     stage = f"benchmark {params_text(bench.params)}"
     limit = ctx.task.limits.benchmark_s
     dtype = ctx.task.benchmark_dtype
+    calls, wait_ms = plan
     channel.call(protocol.Prepare(params=bench.params, dtype=dtype,
                                   distribution=ctx.distribution,
                                   model=ctx.spec(bench.params, dtype), calls=calls),
@@ -279,8 +314,8 @@ def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int,
     seconds = []
     for empty in (True, False):
         t0 = time.perf_counter()
-        answer = channel.call(protocol.Clocked(empty), limit, stage)
-        seconds.append(time.perf_counter() - t0)
+        answer = channel.call(protocol.Clocked(empty, wait_ms if empty else 0.0), limit, stage)
+        seconds.append(time.perf_counter() - t0 - _waited_s(answer.waited_ms))
         if answer.calls != calls:
             raise Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker's clocked pass "
                                f"did not run the {calls} calls asked for"))
@@ -289,6 +324,12 @@ def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, calls: int,
     else:
         channel.call(protocol.Release(), ctx.task.limits.case_s, stage)
     return seconds[0], seconds[1]
+
+
+def _waited_s(ms: float) -> float:
+    """An empty pass's device waits as the worker reports them, in seconds: a figure that is
+    no number counts nothing (a worker overstating them only lengthens the difference)."""
+    return ms / 1e3 if math.isfinite(ms) and ms > 0 else 0.0
 
 
 def ordered(bench: Benchmark) -> None:

@@ -103,12 +103,13 @@ class ReferenceWorker:
             self.close()
             return None
 
-    def clocked_trips(self, index: int, calls: int, passes: int, empty: bool = True
-                      ) -> list[float]:
+    def clocked_trips(self, index: int, calls: int, passes: int, empty: bool = True,
+                      wait_ms: float = 0.0) -> list[float]:
         """Seconds of ``passes`` round trips of a clocked pass of ``calls`` calls at benchmark
         ``index`` (kbench.worker.serve's ``clocked``), answered by this process, where no
-        candidate runs; none where they cannot be had. ``empty``: input sets drawn, no call;
-        else the reference's own calls in each pass."""
+        candidate runs; none where they cannot be had. ``empty``: input sets drawn, no call
+        (on a GPU a wait of ``wait_ms`` on the device in its place, whose device time is
+        taken out of the trip); else the reference's own calls in each pass."""
         if self.skips[index] is not None:
             return []
         ctx, params = self.ctx, self.ctx.benchmarks[index]
@@ -123,8 +124,8 @@ class ReferenceWorker:
                         params=params, dtype=dtype, distribution=ctx.distribution,
                         model=ctx.spec(params, dtype), calls=calls), limit, stage)
                 t0 = time.perf_counter()
-                channel.call(protocol.Clocked(empty), limit, stage)
-                trips.append(time.perf_counter() - t0)
+                answer = channel.call(protocol.Clocked(empty, wait_ms), limit, stage)
+                trips.append(time.perf_counter() - t0 - answer.waited_ms / 1e3)
             channel.call(protocol.Release(), limit, stage)
         except Stop as stop:
             self.failure = stop.verdict.reason
