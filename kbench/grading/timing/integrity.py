@@ -315,7 +315,7 @@ def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, plan: tuple[
     for empty in (True, False):
         t0 = time.perf_counter()
         answer = channel.call(protocol.Clocked(empty, wait_ms if empty else 0.0), limit, stage)
-        seconds.append(time.perf_counter() - t0 - _waited_s(answer.waited_ms))
+        seconds.append(measurement.less_waits(time.perf_counter() - t0, answer))
         if answer.calls != calls:
             raise Stop(Verdict(Status.RUNTIME_ERROR, f"{stage}: the worker's clocked pass "
                                f"did not run the {calls} calls asked for"))
@@ -324,12 +324,6 @@ def _clocked_pass(ctx: Context, channel: Channel, bench: Benchmark, plan: tuple[
     else:
         channel.call(protocol.Release(), ctx.task.limits.case_s, stage)
     return seconds[0], seconds[1]
-
-
-def _waited_s(ms: float) -> float:
-    """An empty pass's device waits as the worker reports them, in seconds: a figure that is
-    no number counts nothing (a worker overstating them only lengthens the difference)."""
-    return ms / 1e3 if math.isfinite(ms) and ms > 0 else 0.0
 
 
 def ordered(bench: Benchmark) -> None:

@@ -12,7 +12,7 @@ import statistics
 
 from kbench.results.run_record import Benchmark, Measurement, SubmissionResult
 from kbench.shared import stats
-from kbench.shared.protocol import Samples
+from kbench.shared.protocol import ClockedPass, Samples
 
 # Work a call leaves on other streams is charged to it when the device stays busy after the
 # call's stream is done beyond what a probe with no side work sees right after the call: the
@@ -142,3 +142,11 @@ def _overall(pairs: list[tuple[float | None, list[float] | None]]
         return None, None
     return (stats.geomean([v for v, _ in pairs]),
             [stats.geomean([ci[k] for _, ci in pairs]) for k in (0, 1)])
+
+
+def less_waits(trip_s: float, answer: ClockedPass) -> float:
+    """A clocked pass's round trip less the device waits its worker says it spun in the calls'
+    place (kbench.worker.hold.DeviceWait): a figure that is no number, or negative, takes out
+    nothing (a worker overstating its waits only lengthens the difference kbench's clock reads)."""
+    ms = answer.waited_ms
+    return trip_s - (ms / 1e3 if math.isfinite(ms) and ms > 0 else 0.0)
