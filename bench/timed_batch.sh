@@ -35,6 +35,8 @@
 #                                       -C .base), on CACHE's builds (default: bundled-PROFILE's),
 #                                       into $W/base-PROFILE; then kbench compare of that run
 #                                       and this tree's bundled-PROFILE
+#   bench/timed_batch.sh idle           l2norm v3-v8 idle by this tree and by .base's (both
+#                                       on their own l2norm task cut to SIZES), kbench compare
 #   bench/timed_batch.sh starts         what one worker's start costs (bench/worker_start.py)
 #   bench/timed_batch.sh builds SETTING...
 #                                       bench/build_cost.py on the first BUILDS (16) level-1
@@ -78,6 +80,17 @@ for line in sys.stdin:
 laid_out() {  # those samples and their problems under $W, once
     [ -e $W/subs ] || python3 bench/real_batch.py --leaderboard .lb --work $W --levels 1 \
         --first $FIRST --layout-only > /dev/null
+}
+
+sized_task() {  # $1's tasks/l2norm.yaml, cut to SIZES (pairs) under $2 where SIZES is set
+    local tree=$1 dir=$2
+    [ -n "${SIZES:-}" ] || { echo "$PWD/$tree/tasks/l2norm.yaml"; return; }
+    mkdir -p "$dir"
+    python3 -c "import sys, yaml; t = yaml.safe_load(open('$tree/tasks/l2norm.yaml'))
+n = [int(v) for v in sys.argv[1].split()]
+t['benchmarks']['cuda'] = [n[i:i + 2] for i in range(0, len(n), 2)]
+yaml.safe_dump(t, open('$dir/l2norm.yaml', 'w'))" "$SIZES" || exit 1
+    echo "$dir/l2norm.yaml"
 }
 
 case "${1:-}" in
@@ -184,16 +197,26 @@ serve)
     cp $W/serve/serve_batch.json "$OUT/" 2>/dev/null
     tail -5 $W/serve/serve.log > "$OUT/serve-tail.log" 2>/dev/null
     ;;
+idle)
+    # l2norm v3-v8 idle, by this tree and then by .base's on its own l2norm task, both cut to
+    # SIZES, same seed, each on builds of its own (CACHE: this tree's); then kbench compare
+    for tree in . .base; do
+        name=$([ $tree = . ] && echo tree || echo base)
+        task=$(sized_task $tree $W/idle-$name) cache=$W/idle-cache-$name
+        [ $tree = . ] && cache=${CACHE:-$cache}  # CACHE: this tree's builds from an earlier step
+        (cd $tree && PYTHONPATH=$PWD:${PYTHONPATH:-} timeout "$(left 15)" python3 -m kbench \
+            grade "$OLDPWD"/kbench/submissions/l2norm_v[3-8].py --task "$task" --profile quick \
+            --seed $SEED --cache-dir $cache --out $W/idle-$name) \
+            2>&1 | stamped > "$OUT/idle-$name.log"
+        tail -12 "$OUT/idle-$name.log"
+        cp $W/idle-$name/results.json "$OUT/idle-$name.json" || exit 1
+    done
+    python3 -m kbench compare $W/idle-base/results.json $W/idle-tree/results.json 2>&1 \
+        | tee "$OUT/compare-idle.txt" | tail -30
+    ;;
 load)
     shift
-    task=tasks/l2norm.yaml
-    if [ -n "${SIZES:-}" ]; then  # the task with only these benchmark sizes (pairs)
-        task=$W/sizes/l2norm.yaml; mkdir -p $W/sizes
-        python3 -c "import sys, yaml; t = yaml.safe_load(open('tasks/l2norm.yaml'))
-n = [int(v) for v in sys.argv[1].split()]
-t['benchmarks']['cuda'] = [n[i:i + 2] for i in range(0, len(n), 2)]
-yaml.safe_dump(t, open('$task', 'w'))" "$SIZES" || exit 1
-    fi
+    task=$(sized_task . $W/sizes)
     files=(kbench/submissions/l2norm_v[3-8].py tests/fixtures/cpu_timing/l2norm_tampers_stopwatch.py
            tests/fixtures/cpu_timing/l2norm_pads_empty_pass.py tests/fixtures/gpu_timing/*.py)
     cache=${CACHE:-/tmp/ulc}  # CACHE: an earlier step's build cache (l2norm v3-v8 built there)
@@ -212,7 +235,7 @@ yaml.safe_dump(t, open('$task', 'w'))" "$SIZES" || exit 1
     ;;
 *)
     echo "usage: $0 cold [resume] | kb | again NAME [beside] | compare A B | load GPU... |" \
-        "few PROBLEM... | bundled PROFILE [CACHE] | base PROFILE [CACHE] | builds SETTING... |" \
+        "few PROBLEM... | bundled PROFILE [CACHE] | base PROFILE [CACHE] | idle | builds SETTING... |" \
         "starts | serve [CLIENTS]" >&2
     exit 2
     ;;
