@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import yaml
 
 from kbench.cli import commands as cli
 from kbench.host import paths
-from kbench.host.toolchain import find_toolchain
+from kbench.host.toolchain import find_toolchain, probe
 
 # Ray, once initialised in the test process (tests/test_ray_tier.py), would replace
 # builtins.print for the rest of the session (what kbench's own Ray driver turns off too).
@@ -31,6 +32,27 @@ def cache_dir() -> Path:
     ~/.cache/kbench), so the tests reuse the quick start's builds instead of compiling them
     again; build folders are content-addressed, so sharing them is safe."""
     return paths.default_cache_dir()
+
+
+@pytest.fixture(scope="session")
+def compile_checked(cache_dir) -> list[Path]:
+    """The marks by which the session cache remembers that `kbench grade`'s CUDA compile check
+    (an nvcc compile against torch's headers, some 5 s) passed; made here once."""
+    marks = cache_dir / "toolkits"
+    tools = find_toolchain(None, marks)  # as the grader finds it
+    if tools.cuda_home is not None:
+        probe(tools, marks)
+    return sorted(marks.glob("probe-*.ok"))
+
+
+def fresh_cache(folder: Path, compile_checked: list[Path]) -> Path:
+    """A build cache of its own at ``folder``, empty but for the remembered compile check:
+    tests that need their own builds (or to prune them) need not pay that check each time.
+    A mark is keyed on the toolchain, torch and environment, not on the cache it is in."""
+    (folder / "toolkits").mkdir(parents=True, exist_ok=True)
+    for mark in compile_checked:
+        shutil.copy2(mark, folder / "toolkits" / mark.name)
+    return folder
 
 
 def quick_task(tmp_path: Path, **overrides) -> Path:

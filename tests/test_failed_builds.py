@@ -4,16 +4,17 @@ machine's state could have caused is never kept."""
 
 from __future__ import annotations
 
-from conftest import FIXTURES, by_name, grade, quick_task
+from conftest import FIXTURES, by_name, fresh_cache, grade, quick_task
 
 from kbench.host import failed_builds
 from kbench.results.verdict import Status, Verdict
 
 
-def test_a_compiler_error_is_kept_and_compiled_again_when_an_input_changes(tmp_path, monkeypatch):
+def test_a_compiler_error_is_kept_and_compiled_again_when_an_input_changes(tmp_path, monkeypatch,
+                                                                          compile_checked):
     """In a cache of its own, so the first build is one whatever earlier runs kept; the error
     comes before any torch header, so each compile that the test pays for fails at once."""
-    cache = tmp_path / "cache"
+    cache = fresh_cache(tmp_path / "cache", compile_checked)
     args = [str(FIXTURES / "build_error_at_once.py"), "--task", str(quick_task(tmp_path)),
             "--device", "cpu", "--no-timing", "--force"]
     first = by_name(grade(args, tmp_path / "out", cache)[1])["build_error_at_once"]

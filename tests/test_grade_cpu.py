@@ -5,7 +5,7 @@ import shutil
 import sys
 
 import pytest
-from conftest import FIXTURES, by_name, grade, quick_task
+from conftest import FIXTURES, by_name, fresh_cache, grade, quick_task
 
 from kbench.host.build_dirs import build_dir
 from kbench.host.toolchain import find_toolchain
@@ -324,12 +324,13 @@ def test_processes_a_submission_leaves_behind_are_killed(tmp_path, cache_dir, mo
     assert logs.count("killed what the worker left running after it") == 2
 
 
-def test_a_problem_whose_submissions_cannot_run_times_no_reference(tmp_path):
+def test_a_problem_whose_submissions_cannot_run_times_no_reference(tmp_path,
+                                                                   compile_checked):
     task = quick_task(tmp_path)
     broken = tmp_path / "l2norm_broken.py"
     broken.write_text("class ModelNew(:\n")  # a syntax error: nothing to time
     code, results = grade([str(broken), "--task", str(task), "--device", "cpu", "--seed", "3"],
-                          tmp_path / "out", tmp_path / "cache")
+                          tmp_path / "out", fresh_cache(tmp_path / "cache", compile_checked))
     assert code == 0
     assert results["submissions"][0]["status"] != "ok"
     problem = results["problems"][0]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import FIXTURES, ROOT, by_name, quick_task
+from conftest import FIXTURES, ROOT, by_name, fresh_cache, quick_task
 
 from kbench import sandbox
 from kbench.host import proctree
@@ -89,11 +89,11 @@ def _build_folder(cache: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def whole(batch, tmp_path_factory) -> tuple[dict[str, tuple], Path]:
+def whole(batch, tmp_path_factory, compile_checked) -> tuple[dict[str, tuple], Path]:
     """The batch graded without a stop, under the same seed, in a cache of its own: its
     verdicts, and that cache (built)."""
     out = tmp_path_factory.mktemp("whole")
-    proc = _start(batch, out / "out", out / "cache")
+    proc = _start(batch, out / "out", fresh_cache(out / "cache", compile_checked))
     output = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, output
     assert "FileBaton: holding" in (out / "out" / "logs" / f"{CPP.stem}.build.log").read_text()
@@ -120,8 +120,9 @@ def built(whole, tmp_path) -> Iterator[Path]:
 
 
 def test_kill_9_mid_build_leaves_a_stale_torch_lock_that_resume_clears(batch, tmp_path,
-                                                                       uninterrupted):
-    out, cache = tmp_path / "out", tmp_path / "cache"
+                                                                       uninterrupted,
+                                                                       compile_checked):
+    out, cache = tmp_path / "out", fresh_cache(tmp_path / "cache", compile_checked)
     proc = _start(batch, out, cache)
     _compiling(cache)
     proc.send_signal(signal.SIGKILL)
@@ -152,8 +153,9 @@ def test_a_stale_lock_in_a_built_folder_is_cleared_and_the_build_loads(batch, tm
 
 
 def test_sigint_during_builds_stops_everything_and_the_printed_resume_works(batch, tmp_path,
-                                                                           uninterrupted):
-    out, cache = tmp_path / "out", tmp_path / "cache"
+                                                                           uninterrupted,
+                                                                           compile_checked):
+    out, cache = tmp_path / "out", fresh_cache(tmp_path / "cache", compile_checked)
     proc = _start(batch, out, cache)
     _compiling(cache)
     started = [p for p in psutil.Process(proc.pid).children(recursive=True)]
@@ -227,7 +229,7 @@ def test_a_reaped_worker_s_pid_is_never_signalled_again(tmp_path):
 
 
 def test_a_stop_while_the_reports_are_written_keeps_the_finished_run(tmp_path, monkeypatch,
-                                                                     capsys):
+                                                                     capsys, compile_checked):
     from kbench.cli import commands, grade_command
     from kbench.host import interrupt
 
@@ -238,7 +240,8 @@ def test_a_stop_while_the_reports_are_written_keeps_the_finished_run(tmp_path, m
     task = quick_task(tmp_path)
     code = commands.main(["grade", str(FIXTURES / "cpu" / "l2norm_torch_ok.py"), "--task",
                           str(task), "--device", "cpu", "--no-timing", "--out",
-                          str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")])
+                          str(tmp_path / "out"), "--cache-dir",
+                          str(fresh_cache(tmp_path / "cache", compile_checked))])
     assert code == 128 + signal.SIGINT
     assert "is finished and stored: `kbench report --out" in capsys.readouterr().err
     store = Store(tmp_path / "out")

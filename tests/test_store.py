@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import FIXTURES, ROOT, by_name, grade, quick_task
+from conftest import FIXTURES, ROOT, by_name, fresh_cache, grade, quick_task
 
 from kbench.cli import commands as cli
 from kbench.grading.options import Options
@@ -187,8 +187,9 @@ def test_a_second_resume_of_a_run_being_graded_is_refused(tmp_path, task, cache_
     assert {s.name: s.status.value for s in Store(out).load_run(1).submissions} == EXPECTED
 
 
-def test_prune_keeps_the_newest_runs_and_what_they_use(tmp_path, task, capsys):
-    out, cache = tmp_path / "out", tmp_path / "cache"
+def test_prune_keeps_the_newest_runs_and_what_they_use(tmp_path, task, capsys,
+                                                        compile_checked):
+    out, cache = tmp_path / "out", fresh_cache(tmp_path / "cache", compile_checked)
     args = [str(SLOW / "l2norm_slow_b.py"), "--task", str(task), "--force", UNTIMED]
     old_build = cache / "extensions" / "l2norm_gone-0123"
     old_build.mkdir(parents=True)
