@@ -235,8 +235,8 @@ load)
     ;;
 *)
     echo "usage: $0 cold [resume] | kb | again NAME [beside] | compare A B | load GPU... |" \
-        "few PROBLEM... | bundled PROFILE [CACHE] | base PROFILE [CACHE] | idle | builds SETTING... |" \
-        "starts | serve [CLIENTS]" >&2
+        "few PROBLEM... | bundled PROFILE [CACHE] | base PROFILE [CACHE] | idle |" \
+        "builds SETTING... | starts | serve [CLIENTS]" >&2
     exit 2
     ;;
 esac

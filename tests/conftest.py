@@ -100,3 +100,20 @@ def problem_set_run(tmp_path_factory, cache_dir) -> tuple[int, dict | None]:
 
 def by_name(results: dict) -> dict[str, dict]:
     return {s["name"]: s for s in results["submissions"]}
+
+
+def assert_forgery_not_believed(sub: dict) -> None:
+    """A forged stopwatch (a cpu_timing fixture) is flagged by kbench's own clock; or, timed on
+    a host that stayed busy to the end, where load explains a flag as well as a forgery does
+    (docs/security.md), ``ok`` with the clock's note and its interval widened to what the
+    clock saw: never its forged figure as a clear one."""
+    if sub["status"] == "flagged":
+        assert "kbench's own clock" in sub["reason"], sub["reason"]
+        return
+    assert sub["status"] == "ok" and sub["timed_beside"]["disturbed"], \
+        (sub["name"], sub["status"], sub["reason"], sub["timed_beside"])
+    notes = " ".join(sub["timed_beside"]["notes"])
+    assert "clock check could not tell" in notes, notes
+    (bench,) = [b for b in sub["benchmarks"] if b.get("candidate")]
+    seen = bench["reference"]["ms"] / bench["candidate"]["trusted_ms"]
+    assert sub["speedup_ci"][0] <= seen, (sub["speedup_ci"], seen)

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import FIXTURES, ROOT, by_name, quick_task
+from conftest import FIXTURES, ROOT, assert_forgery_not_believed, by_name, quick_task
 
 from kbench.grading.timing import integrity
 from kbench.grading.timing.disturbance import Deferred, Judge
@@ -206,16 +206,9 @@ def test_under_busy_loops_on_every_core_the_honest_is_ok_and_the_forged_flagged(
     # load read alike, docs/security.md). Then its figure is not believed: its interval is
     # widened to what kbench's clock saw. Never its forged figure as a clear one.
     assert "kbench's own clock" in forged["timed_beside"]["retimed_alone"]
+    assert_forgery_not_believed(forged)
     if forged["status"] == "flagged":
-        assert "kbench's own clock" in forged["reason"], forged["reason"]
         assert "timed again alone at the end" in forged["reason"]
-    else:
-        assert forged["status"] == "ok", forged["reason"]
-        notes = " ".join(forged["timed_beside"]["notes"])
-        assert "clock check could not tell" in notes, notes
-        (bench,) = [b for b in forged["benchmarks"] if b.get("candidate")]
-        seen = bench["reference"]["ms"] / bench["candidate"]["trusted_ms"]
-        assert forged["speedup_ci"][0] <= seen, (forged["speedup_ci"], seen)
     assert set(honest["timing_s"]) >= {"rounds", "reference", "verify", "clock"}
     board = (tmp_path / "out" / "leaderboard.md").read_text()  # and in the report
     assert board.count("timed on a disturbed host (") == 2, board

@@ -5,7 +5,7 @@ import shutil
 import sys
 
 import pytest
-from conftest import FIXTURES, by_name, fresh_cache, grade, quick_task
+from conftest import FIXTURES, assert_forgery_not_believed, by_name, fresh_cache, grade, quick_task
 
 from kbench.host.build_dirs import build_dir
 from kbench.host.toolchain import find_toolchain
@@ -269,11 +269,10 @@ def test_timed_calls_are_checked_and_bounded_by_kbench_s_own_clock(tmp_path, cac
     assert code == 0 and honest["status"] == "ok" and honest["speedup"] > 0, honest["reason"]
     # Its stopwatch reads a third of the truth: far beyond the slack of kbench's own clock,
     # also where it pads the clock's empty pass in its own process to cancel the real one
-    # (kbench's process times empty passes too, and the shortest counts).
+    # (kbench's process times empty passes too, and the shortest counts). Flagged; on a host
+    # busy to the end (another test run beside this one), at least not believed.
     for cheat in (forged, padded):
-        assert cheat["status"] == "flagged" and "kbench's own clock" in cheat["reason"], \
-            (cheat["name"], cheat["reason"], cheat["benchmarks"][0]["candidate"],
-             cheat["timed_beside"])
+        assert_forgery_not_believed(cheat)
     mine = honest["benchmarks"][0]["candidate"]
     assert 0 < mine["trusted_ms"] <= 1.5 * mine["ms"] + 1.0
     # Right whenever it was not timed; returns at once (uninitialised memory) when timed.
