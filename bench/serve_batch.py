@@ -10,7 +10,9 @@ result), and every sample whose verdict differs between the two.
 
 OPTIONs go to both tools (--profile quick, --device cpu, --no-timing, --seed is set here).
 Each tool builds into a cache of its own under OUT (both cold) unless --cache-dir names one
-for both (run a tool once before to time both warm). Needs the `serve` extra."""
+for both (run a tool once before to time both warm). `--only serve` then `--only grade` run the
+two apart (each in a device call of its own, say): the first keeps what it sent in
+OUT/serve_sent.json, the second compares. Needs the `serve` extra."""
 
 from __future__ import annotations
 
@@ -174,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--cache-dir", type=Path, help="one build cache for both tools")
+    parser.add_argument("--only", choices=("serve", "grade"),
+                        help="this tool alone: serve keeps what it sent, grade compares with it")
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:cut])
@@ -192,11 +196,24 @@ def main(argv: list[str] | None = None) -> int:
         return ["--out", str(args.out / tool), "--cache-dir", str(cache), "--seed", str(SEED),
                 *args.options]
 
-    server = Server(["--task", args.task, *options("serve")], args.out)
-    try:
-        serve_s = send_all(server, samples, args.clients)
-    finally:
-        server.stop()
+    sent_file = args.out / "serve_sent.json"
+    if args.only != "grade":
+        server = Server(["--task", args.task, *options("serve")], args.out)
+        try:
+            serve_s = send_all(server, samples, args.clients)
+        finally:
+            server.stop()
+        sent_file.write_text(json.dumps({"serve_s": serve_s,
+                                         "sent": [asdict(s) for s in samples]}, indent=1))
+        if args.only == "serve":
+            print(f"{len(samples)} samples over HTTP in {serve_s:.0f} s; kept in {sent_file}")
+            return 0
+    else:
+        try:
+            kept = json.loads(sent_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"--only grade: {sent_file}: no kept serve run ({exc})") from None
+        serve_s, samples = kept["serve_s"], [Sent(**s) for s in kept["sent"]]
     grade_s, by_file = graded(args.subs, args.task, options("grade"), args.out)
     figures = Figures(len(samples), args.clients, serve_s, grade_s,
                       sorted(s.answered - s.sent for s in samples),

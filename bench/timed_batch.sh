@@ -42,9 +42,11 @@
 #                                       bench/build_cost.py on the first BUILDS (16) level-1
 #                                       samples, cold, at each MODE:AT_ONCE:JOBS SETTING
 #                                       (plain:16:1 kbench:16:1 ...), figures after each
-#   bench/timed_batch.sh serve [CLIENTS] the first FIRST level-1 samples sent to kbench serve
-#                                       by CLIENTS (8) clients, then kbench grade of them, each
-#                                       cold, --profile quick (bench/serve_batch.py)
+#   bench/timed_batch.sh serve [CLIENTS [grade]]
+#                                       the first FIRST level-1 samples built once (--no-timing),
+#                                       then sent to kbench serve by CLIENTS (8) clients; with
+#                                       "grade" (the next call): kbench grade of them on the same
+#                                       builds, compared; --profile quick (bench/serve_batch.py)
 #
 # Each step stops itself within LIMIT_S (default 560) seconds and leaves its figures in $OUT;
 # FIRST (default 100) sets how many of the level-1 samples, in the leaderboard's order.
@@ -190,12 +192,24 @@ starts)
     python3 bench/worker_start.py --device cuda --json "$OUT/starts.json"
     ;;
 serve)
+    # built once (kbench grade --no-timing, cold), then sent by CLIENTS clients to kbench serve
+    # and kept (this call); "grade" as $3: kbench grade of them on those builds, compared (the
+    # next call, on the same warm machine); both --profile quick
     laid_out
-    rm -rf $W/serve
-    timeout "$(left 10)" python3 bench/serve_batch.py $W/subs --task $W/problems --out $W/serve \
-        --clients "${2:-8}" -- --profile quick 2>&1 | tee "$OUT/serve.txt"
-    cp $W/serve/serve_batch.json "$OUT/" 2>/dev/null
-    tail -5 $W/serve/serve.log > "$OUT/serve-tail.log" 2>/dev/null
+    args=($W/subs --task $W/problems --out $W/serve --clients "${2:-8}" --cache-dir $W/serve-cache)
+    if [ "${3:-}" = grade ]; then
+        timeout "$(left 10)" python3 bench/serve_batch.py "${args[@]}" --only grade \
+            -- --profile quick 2>&1 | tee "$OUT/serve.txt"
+        cp $W/serve/serve_batch.json "$OUT/"; tail -30 $W/serve/grade.log > "$OUT/grade-tail.log"
+    else
+        rm -rf $W/serve $W/serve-cache $W/serve-built
+        timeout "$(left 240)" python3 -m kbench grade $W/subs --task $W/problems --no-timing \
+            --cache-dir $W/serve-cache --out $W/serve-built 2>&1 | stamped > "$OUT/serve-built.log"
+        tail -4 "$OUT/serve-built.log"
+        timeout "$(left 10)" python3 bench/serve_batch.py "${args[@]}" --only serve \
+            -- --profile quick 2>&1 | tee "$OUT/serve.txt"
+        cp $W/serve/serve_sent.json "$OUT/"; tail -30 $W/serve/serve.log > "$OUT/serve-tail.log"
+    fi
     ;;
 idle)
     # l2norm v3-v8 idle, by this tree and then by .base's on its own l2norm task, both cut to
@@ -236,7 +250,7 @@ load)
 *)
     echo "usage: $0 cold [resume] | kb | again NAME [beside] | compare A B | load GPU... |" \
         "few PROBLEM... | bundled PROFILE [CACHE] | base PROFILE [CACHE] | idle |" \
-        "builds SETTING... | starts | serve [CLIENTS]" >&2
+        "builds SETTING... | starts | serve [CLIENTS [grade]]" >&2
     exit 2
     ;;
 esac
