@@ -59,10 +59,11 @@ class Figures:
     waits_s: list[float] = field(default_factory=list)
     warm_waits_s: list[float] = field(default_factory=list)
     differ: list[str] = field(default_factory=list)
+    unanswered: int = 0  # sent but not answered before the server was stopped
 
     def lines(self) -> list[str]:
-        def rate(seconds: float) -> str:
-            return f"{self.samples / seconds * 3600:.0f} samples/h" if seconds else "-"
+        def rate(seconds: float, count: int) -> str:
+            return f"{count / seconds * 3600:.0f} samples/h" if seconds else "-"
 
         def spread(waits: list[float]) -> str:
             if not waits:
@@ -71,11 +72,14 @@ class Figures:
             return f"median {statistics.median(waits):.1f} s, 90th percentile {cut:.1f} s " \
                    f"({len(waits)})"
 
+        served = self.samples - self.unanswered
         return [f"{self.samples} samples, {self.clients} clients over HTTP",
-                f"kbench serve: {self.serve_s:.0f} s, {rate(self.serve_s)}",
-                f"kbench grade: {self.grade_s:.0f} s, {rate(self.grade_s)}",
+                f"kbench serve: {self.serve_s:.0f} s, {rate(self.serve_s, served)}",
+                f"kbench grade: {self.grade_s:.0f} s, {rate(self.grade_s, self.samples)}",
                 f"wait for a result: {spread(self.waits_s)}",
                 f"wait once its problem had a result (warm): {spread(self.warm_waits_s)}",
+                *([f"not answered over HTTP (the step stopped first): {self.unanswered}"]
+                  if self.unanswered else []),
                 f"verdicts that differ: {len(self.differ)}", *self.differ]
 
 
@@ -85,7 +89,8 @@ class Server:
     def __init__(self, args: list[str], out: Path) -> None:
         self.token = secrets.token_hex(16)
         out.mkdir(parents=True, exist_ok=True)
-        self.log = open(out / "serve.log", "w")  # noqa: SIM115 (closed in stop)
+        # line-buffered: a step killed at its time limit still leaves the server's lines
+        self.log = open(out / "serve.log", "w", buffering=1)  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kbench", "serve", "--port", "0", *args],
             env={**os.environ, "KBENCH_SERVE_TOKEN": self.token}, stdout=subprocess.PIPE,
@@ -120,9 +125,10 @@ class Server:
         self.log.close()
 
 
-def send_all(server: Server, samples: list[Sent], clients: int) -> float:
+def send_all(server: Server, samples: list[Sent], clients: int, keep: Path) -> float:
     """Every sample sent by ``clients`` threads; the seconds from the first request to the
-    last result."""
+    last result. What was answered so far is kept in ``keep`` after each answer (a step
+    stopped at its time limit keeps it) and said in a line."""
     todo: queue.Queue[Sent] = queue.Queue()
     for sample in samples:
         todo.put(sample)
@@ -149,6 +155,12 @@ def send_all(server: Server, samples: list[Sent], clients: int) -> float:
                 f"failed: {job['error']}"
             with lock:
                 answered.add(sample.problem)
+                _keep(keep, time.monotonic() - start, samples)
+                done = sum(bool(s.status) for s in samples)
+                print(f"{sample.answered:7.1f} s [{done}/{len(samples)}] "
+                      f"{Path(sample.file).parent.name}/{Path(sample.file).name}: "
+                      f"{sample.status} (waited {sample.answered - sample.sent:.1f} s)",
+                      flush=True)
 
     threads = [threading.Thread(target=client, args=(f"client{k}",)) for k in range(clients)]
     for thread in threads:
@@ -156,6 +168,11 @@ def send_all(server: Server, samples: list[Sent], clients: int) -> float:
     for thread in threads:
         thread.join()
     return time.monotonic() - start
+
+
+def _keep(path: Path, serve_s: float, samples: list[Sent]) -> None:
+    path.write_text(json.dumps({"serve_s": serve_s, "sent": [asdict(s) for s in samples]},
+                               indent=1))
 
 
 def graded(subs: Path, task: str, args: list[str], out: Path) -> tuple[float, dict]:
@@ -200,11 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.only != "grade":
         server = Server(["--task", args.task, *options("serve")], args.out)
         try:
-            serve_s = send_all(server, samples, args.clients)
+            serve_s = send_all(server, samples, args.clients, sent_file)
         finally:
             server.stop()
-        sent_file.write_text(json.dumps({"serve_s": serve_s,
-                                         "sent": [asdict(s) for s in samples]}, indent=1))
+        _keep(sent_file, serve_s, samples)
         if args.only == "serve":
             print(f"{len(samples)} samples over HTTP in {serve_s:.0f} s; kept in {sent_file}")
             return 0
@@ -215,10 +231,12 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--only grade: {sent_file}: no kept serve run ({exc})") from None
         serve_s, samples = kept["serve_s"], [Sent(**s) for s in kept["sent"]]
     grade_s, by_file = graded(args.subs, args.task, options("grade"), args.out)
+    answered = [s for s in samples if s.status]
     figures = Figures(len(samples), args.clients, serve_s, grade_s,
-                      sorted(s.answered - s.sent for s in samples),
-                      sorted(s.answered - s.sent for s in samples if s.warm))
-    for sample in samples:
+                      sorted(s.answered - s.sent for s in answered),
+                      sorted(s.answered - s.sent for s in answered if s.warm),
+                      unanswered=len(samples) - len(answered))
+    for sample in answered:
         expected = by_file.get(sample.file, {}).get("status", "no result")
         if sample.status != expected:
             figures.differ.append(f"  {sample.file}: serve {sample.status}, grade {expected}")
