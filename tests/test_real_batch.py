@@ -1,7 +1,8 @@
 """bench/real_batch.py on a tiny leaderboard checkout made here: the layout (paths, the
 0-based problem ids, duplicates, a sample whose problem file is missing, --levels and --first),
 KernelBench's side of it (its folders, the stand-ins, the evaluator's arguments) and the
-busy figures. Nothing is graded: that takes minutes of builds."""
+busy figures; bench/serve_batch.py's figures from a kept serve run. Nothing is graded: that
+takes minutes of builds."""
 
 from __future__ import annotations
 
@@ -286,3 +287,25 @@ def test_kb_baseline_imports_kernelbench_with_the_stand_ins(tmp_path: Path) -> N
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text()) == {"level1": {"1_Toy.py": {"mean": 6.0}}}
+
+
+def test_serve_batch_counts_what_a_stopped_server_left_unanswered(tmp_path):
+    """bench/serve_batch.py's figures from a kept serve run (--only grade reads it back): a
+    sample sent but not answered is counted apart, not compared and not in the serve rate."""
+    spec = importlib.util.spec_from_file_location("serve_batch",
+                                                  ROOT / "bench" / "serve_batch.py")
+    serve_batch = importlib.util.module_from_spec(spec)
+    sys.modules["serve_batch"] = serve_batch  # its dataclasses look their module up
+    spec.loader.exec_module(serve_batch)
+    sent = [serve_batch.Sent("a.py", "p", "j1", 0.0, 4.0, "ok"),
+            serve_batch.Sent("b.py", "p", "j2", 1.0, 3.0, "wrong_output", warm=True),
+            serve_batch.Sent("c.py", "p", "j3", 2.0)]
+    keep = tmp_path / "serve_sent.json"
+    serve_batch._keep(keep, 36.0, sent)
+    kept = json.loads(keep.read_text())
+    assert [serve_batch.Sent(**s) for s in kept["sent"]] == sent and kept["serve_s"] == 36.0
+    figures = serve_batch.Figures(3, 8, 36.0, 72.0, [2.0, 4.0], [2.0], unanswered=1)
+    lines = figures.lines()
+    assert "kbench serve: 36 s, 200 samples/h" in lines  # the two answered
+    assert "kbench grade: 72 s, 150 samples/h" in lines
+    assert "not answered over HTTP (the step stopped first): 1" in lines
