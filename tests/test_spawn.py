@@ -191,3 +191,25 @@ def test_a_worker_readied_ahead_stays_stopped_while_frozen_mid_request(tmp_path)
         ahead.take()
     finally:
         ahead.close()
+
+
+def test_a_forked_worker_never_waits_out_its_adoption(tmp_path):
+    # The worker waits for the middle process of its double fork to exit (then kbench has
+    # adopted it). It named that process by asking for its parent, after the fork: where the
+    # middle process had exited already, that named kbench, and the worker waited the whole
+    # _ADOPTED_S (5 s) before its first answer, one start in three on a 2-core machine.
+    from kbench.worker import zygote
+
+    env = sandbox.child_env({"KBENCH_TEST_VAR": "adopted"})
+    sub, ref = tmp_path / "shows.py", tmp_path / "ref.py"
+    sub.write_text(_SHOWS)
+    ref.write_text(_REFERENCE)
+    _forked(tmp_path, env).close()  # its zygote ready
+    took = []
+    for k in range(10):
+        started = time.monotonic()
+        with _box(tmp_path / f"w{k}.log", env) as box:
+            assert isinstance(box.proc, spawn.Adopted)
+            _load(box, sub, ref)
+            took.append(time.monotonic() - started)
+    assert max(took) < zygote._ADOPTED_S - 1.0, [round(t, 2) for t in took]

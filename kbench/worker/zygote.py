@@ -77,10 +77,11 @@ def _fork(request: dict, channel: int, control: int) -> int:
     if middle == 0:
         try:
             os.close(read)
+            middle_pid = os.getpid()
             worker = os.fork()
             if worker == 0:
                 os.close(write)
-                _become_worker(request, channel, control)
+                _become_worker(request, channel, control, middle_pid)
             os.write(write, str(worker).encode())
         finally:
             os._exit(0)
@@ -91,14 +92,17 @@ def _fork(request: dict, channel: int, control: int) -> int:
     return int(pid)
 
 
-def _become_worker(request: dict, channel: int, control: int) -> None:
-    """In the forked worker: what a started ``python -m kbench.worker`` is, then serve; never
-    returns."""
+def _become_worker(request: dict, channel: int, control: int, middle: int) -> None:
+    """In the forked worker (``middle``: the pid of the process that forked it, named before
+    the fork: asked here, it would name kbench where the middle process has exited already,
+    and the wait for adoption below would last its whole _ADOPTED_S, as it did for one worker
+    start in three on a 2-core machine): what a started ``python -m kbench.worker`` is, then
+    serve; never returns."""
     code = 1
     try:
         os.close(control)
         os.setsid()
-        middle, deadline = os.getppid(), time.monotonic() + _ADOPTED_S
+        deadline = time.monotonic() + _ADOPTED_S
         while os.getppid() == middle and time.monotonic() < deadline:
             time.sleep(0.0005)  # adopted by kbench once the middle process has exited
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
