@@ -3,7 +3,7 @@
 py-spy samples every process of the run (the grader, its slots, the workers forked from
 zygotes) without stopping them (``--nonblocking``, waiting frames included), and this sums the
 samples per role (kbench's own process, workers) and per frame, or as a tree under one frame.
-bench/stage_cost.py times the stopwatch's steps alone; this shows a whole grade.
+bench/studies/stage_cost.py times the stopwatch's steps alone; this shows a whole grade.
 
     pip install py-spy
     python bench/grade_profile.py record --out DIR [--rate 100] -- GRADE-ARGS

@@ -1,6 +1,6 @@
 """A torch-only ModelNew: the reference's math in other torch ops (no custom kernel).
 
-Used by bench/timing_evidence.py to see whether kbench's speedups repeat: its speedup should
+Used by bench/studies/timing_evidence.py to see whether kbench's speedups repeat: its speedup should
 sit near 1x, run after run.
 """
 

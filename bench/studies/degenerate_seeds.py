@@ -3,8 +3,8 @@ problem is screened on the CPU (the cases a grade with that seed plans) and the 
 was called degenerate, if any, are printed per seed. The bundled l2norm must never be marked;
 the fixtures in tests/fixtures/degenerate/problems always.
 
-    python bench/degenerate_seeds.py --seeds 20                     # l2norm and the fixtures
-    python bench/degenerate_seeds.py --seeds 20 --task path/to/problem.py --task l2norm
+    python bench/studies/degenerate_seeds.py --seeds 20             # l2norm and the fixtures
+    python bench/studies/degenerate_seeds.py --seeds 20 --task path/to/problem.py --task l2norm
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from kbench.grading.options import Options
 from kbench.host.toolchain import Toolchain
 from kbench.problems.load import load_task
 
-FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "degenerate"
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "degenerate"
 
 
 def marks(task: str, seeds: int, work: Path) -> list[list[str]]:

@@ -1,7 +1,7 @@
 """Where does the process-to-process spread of launch-bound timings come from?
 
-    PYTHONPATH=. python bench/launch_bound_spread.py --out DIR [--processes 8] [--shape 16x16384]
-        [--parts variants,calls]
+    PYTHONPATH=. python bench/studies/launch_bound_spread.py --out DIR [--processes 8] \
+        [--shape 16x16384] [--parts variants,calls]
 
 variants: times the reference (F.normalize) with kbench's stopwatch in fresh processes, one
 median per process, under variants of the stopwatch that each switch one thing off:
@@ -31,7 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ["kbench", "no-flush", "thin-hold", "no-rotation", "graph"]
 CALLS = ["events", "neg", "sum", "reference"]
 

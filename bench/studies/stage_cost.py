@@ -9,7 +9,8 @@
 - ``compile``: torch.compile of the reference, its first call at the first size, on two cores
   and on every core.
 
-    python bench/stage_cost.py [--task l2norm] [--parts stopwatch profiler compile] [--json F]
+    python bench/studies/stage_cost.py [--task l2norm] [--parts stopwatch profiler compile] \
+        [--json F]
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
@@ -123,7 +124,7 @@ def profiler(task_name: str) -> dict:
 
 _COMPILE = """import sys, time, torch
 sys.path.insert(0, sys.argv[1])
-from bench.stage_cost import _model_and_draw
+from bench.studies.stage_cost import _model_and_draw
 from kbench.problems.load import load_task
 task = load_task(sys.argv[2], sys.argv[2])
 _, model, draw = _model_and_draw(sys.argv[2], dict(task.benchmarks["cuda"][0]))
@@ -137,7 +138,7 @@ print(round(time.perf_counter() - start, 2))
 
 
 def compile_cost(task_name: str) -> dict:
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     every = sorted(os.sched_getaffinity(0))
     row = {}
     for cores in (every[:2], every):

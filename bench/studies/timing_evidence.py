@@ -1,6 +1,6 @@
 """Evidence that kbench's stopwatch can be trusted (issue 3); results go in docs/timing.md.
 
-    python bench/timing_evidence.py --out DIR [--runs 5] [--parts repeat,agree,flush]
+    python bench/studies/timing_evidence.py --out DIR [--runs 5] [--parts repeat,agree,flush]
         [--timing eager|graph] [--shapes N]
 
 Parts (each prints a Markdown table; all are saved in DIR/evidence.json and DIR/evidence.md):
@@ -34,10 +34,10 @@ from pathlib import Path
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from l2norm_dev import load  # noqa: E402  (bench/, beside this file: kbench's build folder)
+from l2norm_dev import load  # noqa: E402  (bench/l2norm_dev.py: kbench's build folder)
 
 from kbench.problems.load import load_task  # noqa: E402
 from kbench.reference.l2norm import Model, make_inputs  # noqa: E402

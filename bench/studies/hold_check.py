@@ -1,6 +1,6 @@
 """Does kbench's hold kernel keep every other kernel off the GPU while it spins?
 
-    PYTHONPATH=. python bench/hold_check.py
+    PYTHONPATH=. python bench/studies/hold_check.py
 
 Prints the hold kernel's registers and resident blocks per SM, then, five times: a 0.3 ms hold
 on the current stream and an F.normalize of 8192x8192 launched on a private stream that does
