@@ -95,9 +95,9 @@ def _fork(request: dict, channel: int, control: int) -> int:
 def _become_worker(request: dict, channel: int, control: int, middle: int) -> None:
     """In the forked worker (``middle``: the pid of the process that forked it, named before
     the fork: asked here, it would name kbench where the middle process has exited already,
-    and the wait for adoption below would last its whole _ADOPTED_S, as it did for one worker
-    start in three on a 2-core machine): what a started ``python -m kbench.worker`` is, then
-    serve; never returns."""
+    and the wait for adoption below would last its whole _ADOPTED_S, as it did on a 2-core
+    machine for one forked start in three in a grade, for every one in bench/worker_start.py):
+    what a started ``python -m kbench.worker`` is, then serve; never returns."""
     code = 1
     try:
         os.close(control)
