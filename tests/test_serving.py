@@ -98,6 +98,50 @@ def test_clients_are_served_in_turn_each_within_its_share():
     assert queue.take(5) == ["a2"] and queue.take(5) == []
 
 
+def test_a_burst_of_candidates_goes_as_one_batch():
+    # Without the quiet window the session's first batch was the first candidate alone, and
+    # the rest of a burst waited for its build and grading before theirs began.
+    queue: FairQueue[str] = FairQueue(per_client=4)
+    queue.put("a", "a0")
+
+    def burst() -> None:
+        for k in range(1, 4):
+            time.sleep(0.01)
+            queue.put(f"c{k}", f"c{k}")
+
+    sender = threading.Thread(target=burst)
+    sender.start()
+    assert queue.take(16, quiet_s=5.0) == ["a0", "c1", "c2", "c3"]  # came within 5 s each
+    sender.join()
+    for k in range(3):
+        queue.put("a", f"a{k + 1}")
+    started = time.monotonic()
+    assert queue.take(2, quiet_s=60.0) == ["a1", "a2"]  # as many as asked for wait: no wait
+    assert time.monotonic() - started < 30
+    assert queue.take(16, quiet_s=0.0) == ["a3"]
+
+
+def test_a_session_measures_the_copy_bandwidth_once(tmp_path, cache_dir, monkeypatch):
+    # A session holds its problems open; each opened after the first measured the copy
+    # bandwidth again (2-3 s on 2 cores) where the run's figure was taken only as one closed.
+    from kbench.grading.timing import reference_pool
+
+    task = quick_task(tmp_path)
+    second = task.with_name("l2norm_again.yaml")
+    second.write_text(task.read_text().replace("name: l2norm\n", "name: l2norm_again\n"))
+    measured = []
+    real = reference_pool._copy_gbps
+    monkeypatch.setattr(reference_pool, "_copy_gbps",
+                        lambda ctx, channel: measured.append(ctx.task.name) or real(ctx, channel))
+    options = Options(device="cpu", out_dir=tmp_path / "session", cache_dir=cache_dir, jobs=2,
+                      seed=11, profile="quick")
+    with Session(options, str(task.parent)) as session:
+        results = session.grade_many([(name, _source("l2norm_torch_ok"))
+                                      for name in ("l2norm", "l2norm_again")])
+    assert [r.status.value for r in results] == ["ok", "ok"]
+    assert len(measured) == 1, measured
+
+
 class _Server:
     """`kbench serve` in a process of its own, on a free port."""
 

@@ -44,11 +44,18 @@ class FairQueue(Generic[Item]):
             queue.append(item)
             self._cond.notify_all()
 
-    def take(self, most: int, timeout: float | None = None) -> list[Item]:
+    def take(self, most: int, timeout: float | None = None, quiet_s: float = 0.0
+             ) -> list[Item]:
         """Up to ``most`` items, one per client in turn, waiting for the first; [] once the
-        queue is closed and empty (or after ``timeout`` with nothing come)."""
+        queue is closed and empty (or after ``timeout`` with nothing come). Once one has come,
+        more are waited for while they keep coming, each within ``quiet_s`` of the last
+        (until ``most`` wait): a burst of clients' candidates goes as one batch."""
         with self._cond:
             self._cond.wait_for(lambda: self._turns or self._closed, timeout)
+            waiting = self._depth()
+            while self._turns and waiting < most and not self._closed and \
+                    self._cond.wait(quiet_s) and self._depth() > waiting:
+                waiting = self._depth()
             taken: list[Item] = []
             while self._turns and len(taken) < most:
                 client = self._turns.popleft()
@@ -62,7 +69,10 @@ class FairQueue(Generic[Item]):
 
     def depth(self) -> int:
         with self._cond:
-            return sum(map(len, self._queues.values()))
+            return self._depth()
+
+    def _depth(self) -> int:
+        return sum(map(len, self._queues.values()))
 
     def close(self) -> None:
         """Take nothing new; what waits is still taken."""

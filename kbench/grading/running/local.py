@@ -207,6 +207,9 @@ class LocalExecutor:
         for other in opened[:max(0, len(opened) - _HELD_OPEN + (not problem.is_open))]:
             other.close(sink)  # the least recently used: its processes and memory back
         problem.grade(job, self._built(problem.ctx, job, built), sink, defer, upcoming)
+        # as soon as measured, not only as it closes: a kbench serve session holds its
+        # problems open, and each opened after the first measured it again (2-3 s on 2 cores)
+        self.copy_gbps = self.copy_gbps or problem.measured_copy_gbps
 
     def _open(self, job: Job, sink: Sink) -> OpenProblem | str:
         """The job's problem, loaded and screened here the first time (its record stored);

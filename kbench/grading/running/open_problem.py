@@ -59,13 +59,18 @@ class OpenProblem:
         them)."""
         return self.pool is not None and self.reference is not None
 
+    @property
+    def measured_copy_gbps(self) -> float | None:
+        """The copy bandwidth its pool measured, else the run's it was given."""
+        return self.pool.copy_gbps if self.pool else self.copy_gbps
+
     def record(self) -> ProblemRun:
         """Its record as the store keeps it, reference table included once timed."""
-        ctx, pool = self.ctx, self.pool
+        ctx = self.ctx
         return ProblemRun(name=ctx.task.name, path=str(ctx.task.path), digest=ctx.task.digest,
                           notes=list(ctx.notes) + self.notes,
                           reference=self.reference or [],
-                          copy_gbps=pool.copy_gbps if pool else self.copy_gbps,
+                          copy_gbps=self.measured_copy_gbps,
                           degenerate="; ".join(ctx.degenerate) or None,
                           stage_s=dict(self.stage_s))
 
