@@ -16,10 +16,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("real_batch", ROOT / "bench" / "real_batch.py")
-real_batch = importlib.util.module_from_spec(spec)
-sys.modules["real_batch"] = real_batch
-spec.loader.exec_module(real_batch)
+
+
+def _bench(name: str):
+    """bench/NAME.py as a module (registered first: its dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+real_batch = _bench("real_batch")
 
 PROBLEM = """import torch
 import torch.nn as nn
@@ -292,11 +300,7 @@ def test_kb_baseline_imports_kernelbench_with_the_stand_ins(tmp_path: Path) -> N
 def test_serve_batch_counts_what_a_stopped_server_left_unanswered(tmp_path):
     """bench/serve_batch.py's figures from a kept serve run (--only grade reads it back): a
     sample sent but not answered is counted apart, not compared and not in the serve rate."""
-    spec = importlib.util.spec_from_file_location("serve_batch",
-                                                  ROOT / "bench" / "serve_batch.py")
-    serve_batch = importlib.util.module_from_spec(spec)
-    sys.modules["serve_batch"] = serve_batch  # its dataclasses look their module up
-    spec.loader.exec_module(serve_batch)
+    serve_batch = _bench("serve_batch")
     sent = [serve_batch.Sent("a.py", "p", "j1", 0.0, 4.0, "ok"),
             serve_batch.Sent("b.py", "p", "j2", 1.0, 3.0, "wrong_output", warm=True),
             serve_batch.Sent("c.py", "p", "j3", 2.0)]
