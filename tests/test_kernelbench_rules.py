@@ -230,3 +230,36 @@ def test_timed_its_speedup_as_kernelbench_computes_it_stands_beside_kbench_s(tmp
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert float(rows[0]["kernelbench_speedup"]) == pytest.approx(bench["kernelbench_speedup"])
     assert rows[0]["disturbed"] in ("True", "False") and rows[0]["disturbance"]
+
+
+def test_the_reference_is_timed_as_kernelbench_times_once_per_case(tmp_path):
+    # KernelBench times a problem's reference once (its baseline file); kbench took the
+    # reference's 100 trials again for every submission of the problem. A failed attempt is
+    # not kept: the next submission asks again.
+    from types import SimpleNamespace
+
+    from kbench.grading.channel import Stop
+    from kbench.grading.timing.reference_pool import ReferenceWorker
+
+    asked = []
+
+    class _Channel:
+        def call(self, request, limit, stage):
+            asked.append(request)
+            if request == "fails":
+                raise Stop(Verdict(Status.RUNTIME_ERROR, "crashed"))
+            return SimpleNamespace(ms=[float(len(asked))])
+
+        def close(self):
+            pass
+
+    ctx = SimpleNamespace(task=SimpleNamespace(limits=SimpleNamespace(benchmark_s=1)))
+    worker = ReferenceWorker(ctx, "reference", [None, None, "does not fit"])
+    worker.channel = _Channel()
+    assert worker.trials(0, "case 0") == [1.0]
+    assert worker.trials(0, "case 0") == [1.0] and len(asked) == 1
+    assert worker.trials(1, "fails") is None and worker.failure == "crashed"
+    worker.channel = _Channel()  # opened again, as _open would
+    assert worker.trials(1, "case 1") == [3.0] and len(asked) == 3
+    assert worker.trials(1, "case 1") == [3.0] and len(asked) == 3
+    assert worker.trials(2, "case 2") is None and len(asked) == 3  # skipped, never asked
