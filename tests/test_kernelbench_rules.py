@@ -225,6 +225,7 @@ def test_timed_its_speedup_as_kernelbench_computes_it_stands_beside_kbench_s(tmp
     assert sub["kernelbench_speedup"] == pytest.approx(bench["kernelbench_speedup"])
     assert sub["timing_s"]["kernelbench"] > 0
     assert kernelbench_timing.TRIALS == 100 and kernelbench_timing.WARMUP == 3
+    assert 10 <= bench["kernelbench_trials"] <= 100  # quick: within its time budget
     # Means of 100 unflushed trials on a shared CPU swing with every preemption, so how the
     # two figures compare is for bench/real_batch.py on a GPU host, not for this test.
     rows = list(csv.DictReader((out / "results.csv").open()))
@@ -263,3 +264,24 @@ def test_the_reference_is_timed_as_kernelbench_times_once_per_case(tmp_path):
     assert worker.trials(1, "case 1") == [3.0] and len(asked) == 3
     assert worker.trials(1, "case 1") == [3.0] and len(asked) == 3
     assert worker.trials(2, "case 2") is None and len(asked) == 3  # skipped, never asked
+
+
+def test_budgeted_kernelbench_trials_stop_at_the_budget_and_never_below_ten():
+    # KernelBench's 100 trials of a 125 ms kernel took 15 s of one quick sample on an H200;
+    # quick's trials stop at its time budget, and a mean rests on ten of them at least.
+    import time
+
+    from kbench.worker.trials import MIN_TRIALS, trials
+
+    cpu = torch.device("cpu")
+
+    def slow():
+        time.sleep(0.004)
+
+    assert len(trials(slow, cpu, 0, 100)) == 100  # no budget: KernelBench's count
+    budgeted = trials(slow, cpu, 0, 100, budget_ms=60.0)
+    # the first count of ten or more whose trials took the budget together
+    assert len(budgeted) < 100 and sum(budgeted) >= 60.0
+    assert len(budgeted) == MIN_TRIALS or sum(budgeted[:-1]) < 60.0
+    assert len(trials(slow, cpu, 0, 100, budget_ms=1.0)) == MIN_TRIALS
+    assert len(trials(lambda: None, cpu, 0, 100, budget_ms=60.0)) == 100  # fast: all

@@ -31,17 +31,23 @@ class Rigour:
     target_ci: float  # times the task's target interval
     compile_baseline: bool  # time torch.compile of the reference too
     kernels: bool  # profile what ran for the custom-kernel share (always under the policy)
+    # KernelBench-style trials stop at the profile's time budget per case and side (else
+    # KernelBench's 100, however long they take)
+    budgeted_trials: bool
 
 
 # On an H200, five grades' speedups at 16x16384 spread 6 % with all rounds in one process,
 # 3.8 % with 3 fresh-process rounds and 3.0 % with 8 (docs/timing.md): quick keeps 3. The
 # custom-kernel share's profile took 6 of a quick sample's 26 GPU-slot seconds in a batch of
 # real samples on 4 H100s (docs/evidence/h100x4-2026-11-27-timed-batch): quick leaves it to
-# --require-custom-kernels.
+# --require-custom-kernels. KernelBench's 100 trials of a slow kernel were a quarter of a quick
+# batch's GPU-slot time on one H200 (71 of 270 s over 40 level-1 samples, 15 s for one
+# sample's 125 ms calls: docs/evidence/h200-2026-12-04b-issue52): quick stops them at its
+# time budget, ten trials at least.
 RIGOUR = {Profile.FULL: Rigour(rounds=3, fresh_rounds=8, share=1.0, target_ci=1.0,
-                               compile_baseline=True, kernels=True),
+                               compile_baseline=True, kernels=True, budgeted_trials=False),
           Profile.QUICK: Rigour(rounds=2, fresh_rounds=3, share=0.4, target_ci=2.0,
-                                compile_baseline=False, kernels=False)}
+                                compile_baseline=False, kernels=False, budgeted_trials=True)}
 
 
 def profile_text(profile: str) -> str:
@@ -53,7 +59,9 @@ def profile_text(profile: str) -> str:
     return (f"{r.rounds} rounds per size alternating with the reference, {r.fresh_rounds} "
             f"fresh-process rounds for launch-bound sizes, {r.share:.0%} of the task's samples "
             "and time budget" + ("" if r.compile_baseline else ", no torch.compile baseline")
-            + ("" if r.kernels else ", no custom-kernel share unless required"))
+            + ("" if r.kernels else ", no custom-kernel share unless required")
+            + (", KernelBench-style trials within that time budget" if r.budgeted_trials
+               else ""))
 
 
 class OptionsError(ValueError):

@@ -68,10 +68,12 @@ class Benchmark:
     flops: int | None = None  # matrix-unit FLOPs of one call, counted on the reference
     nbytes: int | None = None  # the fewest bytes one call must move
     # Timed as KernelBench's evaluator times (kbench.grading.timing.kernelbench_timing): the mean
-    # of its trials, the submission's and the reference's, and their ratio.
+    # of its trials, the submission's and the reference's, and their ratio; the submission's
+    # trials (KernelBench's 100, fewer where the profile budgets them).
     kernelbench_ms: float | None = None
     kernelbench_reference_ms: float | None = None
     kernelbench_speedup: float | None = None
+    kernelbench_trials: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict) -> Benchmark:

@@ -39,7 +39,7 @@ import torch
 
 from kbench.shared.wire import ProtocolError, build, plain, shown
 
-VERSION = 8
+VERSION = 9
 
 
 class BadSamples(ProtocolError):
@@ -302,11 +302,13 @@ class TimeTrials(Drawn):
     """One case timed as KernelBench's evaluator times it, for its speedup beside kbench's:
     ``warmup`` calls, each followed by a synchronisation, then ``trials`` calls on the same
     input set, each between two CUDA events (wall clock on a CPU) and synchronised after;
-    no hold, no flush, no rotation."""
+    no hold, no flush, no rotation. ``budget_ms``: fewer trials once they took that long
+    (kbench.worker.trials.MIN_TRIALS at least); None: all of them, as KernelBench does."""
 
     answers: ClassVar[tuple[type, ...]] = (TrialTimes,)
     warmup: int
     trials: int
+    budget_ms: float | None = None
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,7 @@ class Worker:
             model = self._model(r.model)
             args = self._fresh_set(r)[0]
             with torch.no_grad():
-                ms = trials(lambda: model(*args), self.device, r.warmup, r.trials)
+                ms = trials(lambda: model(*args), self.device, r.warmup, r.trials, r.budget_ms)
         except BaseException as exc:
             return _error("benchmark (KernelBench's timing)", exc)
         finally:

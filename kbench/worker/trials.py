@@ -19,9 +19,15 @@ _now = time.perf_counter
 _synchronize = torch.cuda.synchronize
 
 
-def trials(call: Callable[[], object], device: torch.device, warmup: int, count: int
-           ) -> list[float]:
-    """Each of ``count`` trials' time in ms, after ``warmup`` calls."""
+# The fewest trials a time budget leaves (TimeTrials.budget_ms): a mean of ten calls that
+# each take a tenth of the budget or more moves by far less than its speedup's noise.
+MIN_TRIALS = 10
+
+
+def trials(call: Callable[[], object], device: torch.device, warmup: int, count: int,
+           budget_ms: float | None = None) -> list[float]:
+    """Each of ``count`` trials' time in ms, after ``warmup`` calls; where ``budget_ms`` is
+    given, fewer once MIN_TRIALS of them have taken that long together."""
     cuda = device.type == "cuda"
     for _ in range(warmup):
         call()
@@ -41,4 +47,6 @@ def trials(call: Callable[[], object], device: torch.device, warmup: int, count:
             t0 = _now()
             call()
             times.append((_now() - t0) * 1e3)
+        if budget_ms is not None and len(times) >= MIN_TRIALS and sum(times) >= budget_ms:
+            break
     return times

@@ -26,17 +26,20 @@ TRIALS = 100
 def time_case(ctx: Context, channel: Channel, reference: ReferenceWorker, index: int,
               bench: Benchmark) -> None:
     """``bench``'s KernelBench figures: the reference's mean, the submission's, their ratio
-    (None where the reference could not be timed)."""
+    (None where the reference could not be timed). Under a profile of budgeted trials
+    (kbench.grading.options.Rigour) each side's trials stop at its time budget."""
     dtype = ctx.task.benchmark_dtype
+    budget = ctx.timing(1).budget_ms if ctx.options.rigour.budgeted_trials else None
     request = protocol.TimeTrials(params=bench.params, dtype=dtype,
                                   distribution=ctx.distribution,
                                   model=ctx.spec(bench.params, dtype), warmup=WARMUP,
-                                  trials=TRIALS)
+                                  trials=TRIALS, budget_ms=budget)
     with channel.frozen():  # the submission does not run while the reference is timed
         theirs = reference.trials(index, request)
     mine = channel.call(request, ctx.task.limits.benchmark_s,
                         "benchmark (timed as KernelBench times)").ms
     bench.kernelbench_ms = statistics.fmean(mine) if mine else None
+    bench.kernelbench_trials = len(mine)
     bench.kernelbench_reference_ms = statistics.fmean(theirs) if theirs else None
     if bench.kernelbench_ms and bench.kernelbench_reference_ms:
         bench.kernelbench_speedup = bench.kernelbench_reference_ms / bench.kernelbench_ms
