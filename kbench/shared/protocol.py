@@ -19,8 +19,8 @@ Requests and the answer each expects:
   Profile   -> Profiled               one call under the profiler: the kernels it ran
   Warm      -> Released               one untimed call (a compiled model compiles for the case),
                                       then a round's warm-up, where asked, done ahead
-  PrepareProfiler -> Released         the profiler started once with nothing to record (its
-                                      first start costs seconds of host time)
+  TimeTrials -> TrialTimes            a case timed as KernelBench's evaluator times it
+  PrepareProfiler -> Released         the profiler's slow first start, with nothing recorded
   Copy      -> Timed                  the copy-bandwidth yardstick
   Release   -> Released               drop every kept output, free device memory
   Exit                                (no answer)
@@ -299,11 +299,9 @@ class Prepare(Drawn):
 
 @dataclass(frozen=True)
 class TimeTrials(Drawn):
-    """One case timed as KernelBench's evaluator times it, for its speedup beside kbench's:
-    ``warmup`` calls, each followed by a synchronisation, then ``trials`` calls on the same
-    input set, each between two CUDA events (wall clock on a CPU) and synchronised after;
-    no hold, no flush, no rotation. ``budget_ms``: fewer trials once they took that long
-    (kbench.worker.trials.MIN_TRIALS at least); None: all of them, as KernelBench does."""
+    """For its speedup beside kbench's: ``warmup`` synchronised calls, then ``trials`` on one
+    input set between two CUDA events (wall clock on a CPU), synchronised after; no hold,
+    flush or rotation; fewer past ``budget_ms`` where given (kbench.worker.trials)."""
 
     answers: ClassVar[tuple[type, ...]] = (TrialTimes,)
     warmup: int

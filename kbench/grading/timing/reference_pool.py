@@ -94,9 +94,10 @@ class ReferenceWorker:
     def trials(self, index: int, request: protocol.TimeTrials) -> list[float] | None:
         """KernelBench's timing of benchmark ``index`` (kbench.grading.timing.kernelbench_timing);
         None if the reference cannot be timed. Taken once and kept for the problem's later
-        submissions on this device: the request is the same for each of them, and KernelBench
-        times a problem's reference once too (its baseline file). Taken again, it was half of
-        the KernelBench-style trials' 2.0 s of a level-1 sample's 5.1 timing seconds
+        submissions on this device: the request is the same for each of them (KernelBench's
+        fast_p analysis, too, divides by reference times measured once per problem, its
+        baseline file). Taken again, it was half of the KernelBench-style trials' 2.0 s of a
+        level-1 sample's 5.1 timing seconds
         (docs/evidence/h200x2-2026-11-27-timed-vs-kernelbench)."""
         if self.skips[index] is not None:
             return None
