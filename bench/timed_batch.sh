@@ -42,11 +42,15 @@
 #                                       bench/build_cost.py on the first BUILDS (16) level-1
 #                                       samples, cold, at each MODE:AT_ONCE:JOBS SETTING
 #                                       (plain:16:1 kbench:16:1 ...), figures after each
+#   bench/timed_batch.sh serve-build    the first FIRST level-1 samples built once, cold
+#                                       (--no-timing), into the serve steps' cache; again in the
+#                                       next call where it ran out of time (--resume)
 #   bench/timed_batch.sh serve [CLIENTS [grade]]
-#                                       the first FIRST level-1 samples built once (--no-timing),
-#                                       then sent to kbench serve by CLIENTS (8) clients; with
-#                                       "grade" (the next call): kbench grade of them on the same
-#                                       builds, compared; --profile quick (bench/serve_batch.py)
+#                                       those builds (serve-build's, else made or finished first
+#                                       in this call) sent to kbench serve by CLIENTS (8)
+#                                       clients; with "grade" (the next call): kbench grade of
+#                                       them on the same builds, compared; --profile quick
+#                                       (bench/serve_batch.py)
 #
 # Each step stops itself within LIMIT_S (default 560) seconds and leaves its figures in $OUT;
 # FIRST (default 100) sets how many of the level-1 samples, in the leaderboard's order.
@@ -93,6 +97,15 @@ n = [int(v) for v in sys.argv[1].split()]
 t['benchmarks']['cuda'] = [n[i:i + 2] for i in range(0, len(n), 2)]
 yaml.safe_dump(t, open('$dir/l2norm.yaml', 'w'))" "$SIZES" || exit 1
     echo "$dir/l2norm.yaml"
+}
+
+serve_built() {  # the serve steps' builds (kbench grade --no-timing, cold; resumed where a
+    # call before ran out of time), stopped $1 seconds before the step's limit
+    local resume=(); [ -e $W/serve-built/kbench.sqlite3 ] && resume=(--resume)
+    timeout "$(left "$1")" python3 -m kbench grade $W/subs --task $W/problems --no-timing \
+        --cache-dir $W/serve-cache --out $W/serve-built "${resume[@]}" 2>&1 | stamped \
+        >> "$OUT/serve-built.log"
+    tail -4 "$OUT/serve-built.log"
 }
 
 case "${1:-}" in
@@ -191,10 +204,14 @@ builds)
 starts)
     python3 bench/worker_start.py --device cuda --json "$OUT/starts.json"
     ;;
+serve-build)
+    laid_out
+    serve_built 10
+    ;;
 serve)
-    # built once (kbench grade --no-timing, cold), then sent by CLIENTS clients to kbench serve
-    # and kept (this call); "grade" as $3: kbench grade of them on those builds, compared (the
-    # next call, on the same warm machine); both --profile quick
+    # sent by CLIENTS clients to kbench serve and kept (this call), on serve-build's builds
+    # (made first here where that step did not run); "grade" as $3: kbench grade of them on
+    # those builds, compared (the next call, on the same warm machine); both --profile quick
     laid_out
     args=($W/subs --task $W/problems --out $W/serve --clients "${2:-8}" --cache-dir $W/serve-cache)
     if [ "${3:-}" = grade ]; then
@@ -202,10 +219,8 @@ serve)
             -- --profile quick 2>&1 | tee "$OUT/serve.txt"
         cp $W/serve/serve_batch.json "$OUT/"; tail -30 $W/serve/grade.log > "$OUT/grade-tail.log"
     else
-        rm -rf $W/serve $W/serve-cache $W/serve-built
-        timeout "$(left 240)" python3 -m kbench grade $W/subs --task $W/problems --no-timing \
-            --cache-dir $W/serve-cache --out $W/serve-built 2>&1 | stamped > "$OUT/serve-built.log"
-        tail -4 "$OUT/serve-built.log"
+        rm -rf $W/serve
+        serve_built 240  # with serve-build's finished: its results reused, seconds
         timeout "$(left 10)" python3 bench/serve_batch.py "${args[@]}" --only serve \
             -- --profile quick 2>&1 | tee "$OUT/serve.txt"
         cp $W/serve/serve_sent.json "$OUT/"; tail -30 $W/serve/serve.log > "$OUT/serve-tail.log"
@@ -250,7 +265,7 @@ load)
 *)
     echo "usage: $0 cold [resume] | kb | again NAME [beside] | compare A B | load GPU... |" \
         "few PROBLEM... | bundled PROFILE [CACHE] | base PROFILE [CACHE] | idle |" \
-        "builds SETTING... | starts | serve [CLIENTS [grade]]" >&2
+        "builds SETTING... | starts | serve-build | serve [CLIENTS [grade]]" >&2
     exit 2
     ;;
 esac
