@@ -233,10 +233,10 @@ def test_timed_its_speedup_as_kernelbench_computes_it_stands_beside_kbench_s(tmp
     assert rows[0]["disturbed"] in ("True", "False") and rows[0]["disturbance"]
 
 
-def test_the_reference_is_timed_as_kernelbench_times_once_per_case(tmp_path):
-    # KernelBench times a problem's reference once (its baseline file); kbench took the
-    # reference's 100 trials again for every submission of the problem. A failed attempt is
-    # not kept: the next submission asks again.
+def test_the_reference_is_timed_as_kernelbench_times_once_per_case():
+    # The request is the same for every submission of a problem, and kbench took the
+    # reference's 100 trials again for each of them. A failed attempt is not kept: the next
+    # submission asks again.
     from types import SimpleNamespace
 
     from kbench.grading.channel import Stop

@@ -19,8 +19,9 @@ _now = time.perf_counter
 _synchronize = torch.cuda.synchronize
 
 
-# The fewest trials a time budget leaves (TimeTrials.budget_ms): a mean of ten calls that
-# each take a tenth of the budget or more moves by far less than its speedup's noise.
+# The fewest trials a time budget leaves (TimeTrials.budget_ms): calls long enough for the
+# budget to stop them (12 ms and more under quick's) varied by 0.06-0.6 % in KernelBench's own
+# trials on an H200 (docs/timing.md), so a mean of ten is within a fraction of a percent.
 MIN_TRIALS = 10
 
 
