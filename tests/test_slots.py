@@ -273,3 +273,47 @@ def test_a_problem_told_to_come_next_compiles_ahead_and_stops_while_another_is_t
     assert [e.result.status.value for e in later if e.result] == ["ok"]
     assert compiling.timed and Compiling.made == [str(tasks[1]), str(tasks[0])]
     units.finish(events.append)
+
+
+def test_a_slot_process_starts_before_its_first_unit_is_ready(monkeypatch):
+    # On a cold run the first unit waits for the first build (82 s on an H200 for real
+    # samples); the slot's process started only then, and its imports and CUDA context were
+    # 5-7 s of the first problem's screening.
+    import io
+    import queue
+
+    from kbench.grading.running import slots
+
+    order = []
+
+    class Process:
+        pid = 0
+
+        def __init__(self):
+            self.stdin = io.StringIO()
+            self.stdout = iter([json.dumps(units.Event(done=True).to_dict()) + "\n"])
+
+        def poll(self):
+            return None
+
+        def wait(self, timeout=None):
+            return 0
+
+    class Work:
+        def forget(self, slot):
+            pass
+
+        def get(self, slot):
+            order.append("unit asked for")
+            return None  # the run ends with no unit for this slot
+
+    def start(slot, cpus):
+        order.append("process started")
+        return Process()
+
+    monkeypatch.setattr(slots, "_start", start)
+    outbox = queue.Queue()
+    slots.SlotsExecutor._serve(slots.SlotsExecutor, slots.SlotSpec("gpu 0", "0"), (), Work(),
+                               outbox)
+    assert order == ["process started", "unit asked for"]
+    assert outbox.get_nowait() == ("gpu 0", -1, None)  # its end, and nothing before it
