@@ -142,24 +142,26 @@ class SlotsExecutor:
                outbox: queue.Queue) -> None:
         """One slot: units as they are ready until none is left, through one process kept
         for as long as it lives (on ``cpus``), then the problems it holds open closed; its
-        events into ``outbox``, then None. The process starts before a unit is ready: on a
-        cold run its imports and CUDA context (units.warm_up) come while the first builds
-        run, not after the first lands (5-7 s of the first problem's screening on an H200)."""
+        events into ``outbox``, then None."""
         process: subprocess.Popen | None = None
         try:
             while True:
                 if process is None or process.poll() is not None:
                     # Before the next unit is taken: taking it marks its problem held here.
                     work.forget(slot.name)  # a new process holds no problem open
-                    try:
-                        process = _start(slot, cpus)
-                    except OSError as exc:  # this slot cannot run: its units go to others
-                        outbox.put((slot.name, -1, units.Event(say=f"cannot start: {exc}")))
-                        process = None
-                        break
+                    process = None
                 if (taken := work.get(slot.name)) is None:
                     break
                 unit, tries = taken
+                if process is None:
+                    try:
+                        process = _start(slot, cpus)
+                    except OSError as exc:  # this slot cannot run: its unit goes back
+                        outbox.put((slot.name, unit.number,
+                                    units.Event(say=f"cannot start: {exc}")))
+                        work.put(unit, tries)
+                        process = None
+                        break
                 left, broke = self._unit(process, unit, outbox, slot)
                 if not left:
                     continue
@@ -279,7 +281,6 @@ def main(driver: int) -> int:
         events.write(json.dumps(event.to_dict()) + "\n")
 
     try:
-        units.warm_up()
         for line in sys.stdin:
             data = json.loads(line)
             if data.get("finish"):

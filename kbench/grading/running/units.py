@@ -5,12 +5,9 @@ one process that writes the store."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-
-import torch
 
 from kbench.grading.building.build import Built
 from kbench.grading.building.hostsplit import OWN_CORES_NICE
@@ -18,10 +15,8 @@ from kbench.grading.context import Spare
 from kbench.grading.jobs import Job, Sink
 from kbench.grading.options import Options
 from kbench.grading.running.local import LocalExecutor
-from kbench.host import spawn
 from kbench.results.run_record import ProblemRun, SubmissionResult
 from kbench.results.verdict import Status
-from kbench.sandbox import child_env
 
 
 @dataclass(frozen=True)
@@ -150,16 +145,6 @@ class EventSink:
 # The last options' executor: a slot process grades every unit under the same options (the
 # toolchain found once); each Ray task has an output folder of its own, so only one is kept.
 _executors: dict[str, LocalExecutor] = {}
-
-
-def warm_up() -> None:
-    """What a slot process's first unit needs whatever it holds, made before it comes: the
-    CUDA context where the slot has a GPU, and the zygote the reference's workers fork from
-    (kbench.host.spawn). A failure here is left to the units, which report it as they meet it."""
-    with contextlib.suppress(Exception):
-        if torch.cuda.is_available():
-            torch.zeros(1, device="cuda")
-        spawn.warm(child_env({}))
 
 
 def run(unit: Unit, emit: Emit) -> None:
