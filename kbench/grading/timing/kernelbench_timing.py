@@ -39,7 +39,7 @@ def time_case(ctx: Context, channel: Channel, reference: ReferenceWorker, index:
     mine = channel.call(request, ctx.task.limits.benchmark_s,
                         "benchmark (timed as KernelBench times)").ms
     bench.kernelbench_ms = statistics.fmean(mine) if mine else None
-    bench.kernelbench_trials = len(mine)
+    bench.kernelbench_trials = len(mine) or None
     bench.kernelbench_reference_ms = statistics.fmean(theirs) if theirs else None
     if bench.kernelbench_ms and bench.kernelbench_reference_ms:
         bench.kernelbench_speedup = bench.kernelbench_reference_ms / bench.kernelbench_ms

@@ -51,7 +51,7 @@ class ReferenceWorker:
         self.copy_gbps: float | None = None
         self.failure: str | None = None
         self.opened = 0
-        self.kept_trials: dict[int, list[float]] = {}  # per benchmark case (see trials)
+        self._kept_trials: dict[int, list[float]] = {}  # per benchmark case (see trials)
 
     def close(self) -> None:
         if self.channel is not None:
@@ -101,13 +101,13 @@ class ReferenceWorker:
         (docs/evidence/h200x2-2026-11-27-timed-vs-kernelbench)."""
         if self.skips[index] is not None:
             return None
-        if index in self.kept_trials:
-            return self.kept_trials[index]
+        if index in self._kept_trials:
+            return self._kept_trials[index]
         try:
-            self.kept_trials[index] = self._open().call(
+            self._kept_trials[index] = self._open().call(
                 request, self.ctx.task.limits.benchmark_s,
                 "the reference, timed as KernelBench times").ms
-            return self.kept_trials[index]
+            return self._kept_trials[index]
         except Stop as stop:
             self.failure = stop.verdict.reason
             self.close()
